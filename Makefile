@@ -1,0 +1,67 @@
+# llmgw.fleet: every target makes what it needs, from nothing, on a fresh Debian 12 machine (as root).
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+COLLECTIONS := $(CURDIR)/.build/collections
+SANITY_ROOT := $(CURDIR)/.build/sanity/ansible_collections/llmgw/fleet
+export ANSIBLE_COLLECTIONS_PATH := $(COLLECTIONS)
+export PYTHONPATH := $(CURDIR)/tests/lab
+LAB := $(PY) -m pve_lab
+
+.PHONY: help venv system-deps collection demo test lint sanity units lab-up lab-down lab-status bench clean
+
+help:
+	@echo "make demo     - bring the lab up and run the main job on it"
+	@echo "make test     - the whole suite (lint, sanity, units, lab, end-to-end), with a time summary"
+	@echo "make bench    - figures that show the collection is worth it (make bench QUICK=1 for a smoke run)"
+	@echo "make lab-up | lab-down | lab-status"
+
+$(VENV)/.stamp: requirements/controller.txt requirements/test.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements/test.txt
+	touch $@
+
+venv: $(VENV)/.stamp
+
+.build/system-deps.stamp: tests/lab/apt-packages.txt
+	apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$(grep -v '^#' tests/lab/apt-packages.txt) >/dev/null
+	mkdir -p .build && touch $@
+
+system-deps: .build/system-deps.stamp
+
+collection:
+	@mkdir -p $(COLLECTIONS)/ansible_collections/llmgw
+	@ln -sfn ../../../.. $(COLLECTIONS)/ansible_collections/llmgw/fleet
+
+lab-up: venv system-deps collection
+	$(LAB) up
+
+lab-down: venv
+	$(LAB) down
+
+lab-status: venv
+	$(LAB) status
+
+demo: venv system-deps collection
+	$(PY) tests/demo.py
+
+test: venv system-deps collection
+	$(PY) tests/suite.py
+
+lint: venv collection
+	$(PY) tests/suite.py --only lint
+
+sanity: venv
+	$(PY) tests/suite.py --only sanity
+
+units: venv collection
+	$(PY) tests/suite.py --only units
+
+bench: venv system-deps collection
+	$(PY) tests/bench/run.py $(if $(QUICK),--quick,)
+
+clean: lab-down
+	rm -rf .build tests/output

@@ -1,0 +1,17 @@
+"""Make the collection importable as ansible_collections.llmgw.fleet and the lab as pve_lab."""
+
+import os
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+COLLECTIONS = os.path.join(REPO, ".build", "collections")
+LINK = os.path.join(COLLECTIONS, "ansible_collections", "llmgw", "fleet")
+
+if not os.path.lexists(LINK):
+    os.makedirs(os.path.dirname(LINK), exist_ok=True)
+    os.symlink(os.path.relpath(REPO, os.path.dirname(LINK)), LINK)
+
+for path in (COLLECTIONS, os.path.join(REPO, "tests", "lab")):
+    if path not in sys.path:
+        sys.path.insert(0, path)
+os.environ.setdefault("ANSIBLE_COLLECTIONS_PATH", COLLECTIONS)
