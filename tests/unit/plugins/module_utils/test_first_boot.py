@@ -1,0 +1,36 @@
+import pytest
+
+from ansible_collections.llmgw.fleet.plugins.module_utils import first_boot
+
+
+@pytest.mark.parametrize("stderr,state", [
+    ("ssh: connect to host 10.77.0.105 port 22: No route to host", first_boot.NO_ROUTE),
+    ("ssh: connect to host 10.77.0.105 port 22: Connection refused", first_boot.REFUSED),
+    ("ssh: connect to host 10.77.0.105 port 22: Connection timed out", first_boot.TIMED_OUT),
+    ("debian@10.77.0.105: Permission denied (publickey).", first_boot.AUTH_FAILED),
+    ("kex_exchange_identification: read: Connection reset by peer", first_boot.RESET),
+    ("something new", first_boot.UNKNOWN),
+])
+def test_ssh_failures(stderr, state):
+    assert first_boot.classify(255, "", stderr) == state
+
+
+@pytest.mark.parametrize("stdout,state", [
+    ("status: done\n", first_boot.READY),
+    ("status: running\n", first_boot.CLOUD_INIT_RUNNING),
+    ("status: not run\n", first_boot.CLOUD_INIT_RUNNING),
+    ("status: error\n", first_boot.CLOUD_INIT_ERROR),
+])
+def test_cloud_init_status(stdout, state):
+    assert first_boot.classify(0, stdout, "") == state
+
+
+def test_timeline_keeps_distinct_states_in_order():
+    timeline = first_boot.Timeline()
+    timeline.record(0.0, first_boot.REFUSED)
+    timeline.record(1.0, first_boot.REFUSED)
+    timeline.record(2.5, first_boot.CLOUD_INIT_RUNNING)
+    timeline.record(4.0, first_boot.RESET, "kex_exchange_identification")
+    assert [e["state"] for e in timeline.events] == [first_boot.REFUSED, first_boot.CLOUD_INIT_RUNNING,
+                                                   first_boot.RESET]
+    assert timeline.last["after_s"] == 4.0
