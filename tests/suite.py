@@ -94,7 +94,7 @@ def main():
         ("lint", stage_lint),
         ("sanity", stage_sanity),
         ("lab up", stage_lab_up),
-        ("pytest (units, lab, end-to-end)", lambda: stage_pytest(["tests/unit", "tests/lab/tests", "tests/e2e"])),
+        ("pytest (units, lab, end-to-end)", lambda: stage_pytest(["tests/unit", "tests/examples", "tests/lab/tests", "tests/e2e"])),
     ]
 
     results = []

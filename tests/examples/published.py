@@ -9,6 +9,7 @@ validate-modules keeps those documented options equal to the real argument spec)
 import ast
 import configparser
 import glob
+import json
 import os
 import re
 import subprocess
@@ -19,7 +20,8 @@ from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FQCN_PREFIX = "llmgw.fleet."
-PLUGIN_KINDS = ("modules", "lookup", "inventory", "filter", "test", "callback", "connection")
+PLUGIN_KINDS = ("modules", "lookup", "inventory", "callback", "connection")
+SIDECAR_KINDS = ("filter", "test")  # documented in a YAML file beside the code
 PLACEHOLDERS = {"int": 0, "float": 0.0, "bool": True, "list": [], "dict": {}}
 
 
@@ -143,15 +145,31 @@ def check_tasks(path, first_line, data, documented):
 
 
 def documented_modules(root=REPO):
-    modules = {}
-    for path in glob.glob(os.path.join(root, "plugins", "modules", "*.py")):
-        doc_text = plugin_blocks(path).get("DOCUMENTATION", ("", 0))[0]
-        modules[os.path.basename(path)[:-3]] = (yaml.safe_load(doc_text) or {}).get("options") or {}
-    return modules
+    """{module: options} as ansible-doc renders them, documentation fragments merged in."""
+    names = sorted(os.path.basename(p)[:-3] for p in glob.glob(os.path.join(root, "plugins", "modules", "*.py")))
+    if not names:
+        return {}
+    result = subprocess.run([tool("ansible-doc"), "-t", "module", "--json"] + [FQCN_PREFIX + n for n in names],
+                            capture_output=True, text=True, env=ansible_env(), check=True)
+    rendered = json.loads(result.stdout)
+    return {fqcn[len(FQCN_PREFIX):]: (entry.get("doc") or {}).get("options") or {} for fqcn, entry in rendered.items()}
+
+
+def sidecar_blocks(path):
+    """The same blocks from a filter's or test's YAML documentation file."""
+    with open(path) as handle:
+        text = handle.read()
+    data = yaml.safe_load(text) or {}
+    lines = text.splitlines()
+    blocks = {}
+    for name, value in data.items():
+        line = next((i + 1 for i, row in enumerate(lines) if row.startswith(name + ":")), 1)
+        blocks[name] = (value if isinstance(value, str) else yaml.safe_dump(value), line + 1)
+    return blocks
 
 
 def check_plugin_file(path, documented):
-    blocks = plugin_blocks(path)
+    blocks = sidecar_blocks(path) if path.endswith(".yml") else plugin_blocks(path)
     problems = []
     for name in ("DOCUMENTATION", "EXAMPLES", "RETURN"):
         if name not in blocks:
@@ -274,8 +292,10 @@ def check_role(role_dir):
 def published_files(root=REPO):
     """Where the examples a user may copy live."""
     return {
-        "plugins": sorted(p for kind in PLUGIN_KINDS for p in glob.glob(os.path.join(root, "plugins", kind, "*.py"))
-                          if not os.path.basename(p).startswith("__")),
+        "plugins": sorted(
+            [p for kind in PLUGIN_KINDS for p in glob.glob(os.path.join(root, "plugins", kind, "*.py"))
+             if not os.path.basename(p).startswith("__")]
+            + [p for kind in SIDECAR_KINDS for p in glob.glob(os.path.join(root, "plugins", kind, "*.yml"))]),
         "markdown": sorted([os.path.join(root, "README.md")]
                            + glob.glob(os.path.join(root, "docs", "**", "*.md"), recursive=True)),
         "playbooks": sorted(glob.glob(os.path.join(root, "playbooks", "*.yml"))),

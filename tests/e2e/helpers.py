@@ -1,0 +1,75 @@
+"""Running real ansible-playbook against this collection from tests."""
+
+import json
+import os
+import subprocess
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BIN = os.path.dirname(sys.executable)
+
+
+def ansible_env(**extra):
+    env = dict(os.environ)
+    env.update(
+        ANSIBLE_COLLECTIONS_PATH=os.path.join(REPO, ".build", "collections"),
+        ANSIBLE_STDOUT_CALLBACK="ansible.builtin.json",
+        ANSIBLE_LOCALHOST_WARNING="False",
+        ANSIBLE_INVENTORY_UNPARSED_WARNING="False",
+        ANSIBLE_NOCOLOR="1",
+        ANSIBLE_PYTHON_INTERPRETER=sys.executable,
+    )
+    env.update(extra)
+    return env
+
+
+class PlaybookRun:
+    def __init__(self, proc):
+        self.rc = proc.returncode
+        self.stderr = proc.stderr
+        try:
+            self.report = json.loads(proc.stdout[proc.stdout.index("{"):])
+        except ValueError:
+            raise AssertionError("ansible-playbook printed no JSON report:\n" + proc.stdout + proc.stderr)
+
+    @property
+    def stats(self):
+        return next(iter(self.report["stats"].values()))
+
+    @property
+    def changed(self):
+        return self.stats["changed"]
+
+    @property
+    def failed(self):
+        return self.stats["failures"] > 0 or self.rc != 0
+
+    def results(self, task_name):
+        """Results of the task with this name (every host), in play order."""
+        found = []
+        for play in self.report["plays"]:
+            for task in play["tasks"]:
+                if task["task"]["name"] == task_name:
+                    found.extend(task["hosts"].values())
+        return found
+
+    def failure_messages(self):
+        messages = []
+        for play in self.report["plays"]:
+            for task in play["tasks"]:
+                for result in task["hosts"].values():
+                    if result.get("failed"):
+                        messages.append(result.get("msg", ""))
+        return messages
+
+
+def run_playbook(playbook, extra_vars=None, check=False, diff=False, inventory="localhost,", env=None, cwd=REPO):
+    argv = [os.path.join(BIN, "ansible-playbook"), "-i", inventory, playbook]
+    if extra_vars:
+        argv += ["-e", json.dumps(extra_vars)]
+    if check:
+        argv.append("--check")
+    if diff:
+        argv.append("--diff")
+    proc = subprocess.run(argv, capture_output=True, text=True, env=ansible_env(**(env or {})), cwd=cwd, check=False)
+    return PlaybookRun(proc)
