@@ -1,0 +1,404 @@
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The one Proxmox VE client of the collection, on proxmoxer.
+
+It authenticates by API token or password, verifies TLS by default (optionally against a CA file), waits for
+tasks itself (a task that ends in an error fails at once, with the tail of its log; ``WARNINGS: N`` counts as
+success) and raises the typed errors of ``proxmox_errors``. It never calls ``fail_json``: modules, the lookup
+and the inventory plugin turn its errors into their own messages.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from collections import namedtuple
+
+from ansible_collections.llmgw.fleet.plugins.module_utils.proxmox_errors import (
+    AuthError,
+    ConnectionFailed,
+    Locked,
+    NotFound,
+    ProxmoxError,
+    TaskFailed,
+    Timeout,
+    TLSVerificationFailed,
+    classify,
+)
+
+try:
+    import requests
+    from proxmoxer import AuthenticationError, ProxmoxAPI, ResourceException
+
+    HAS_PROXMOXER = True
+    PROXMOXER_IMPORT_ERROR = None
+except ImportError:  # reported by the caller with missing_required_lib
+    HAS_PROXMOXER = False
+    PROXMOXER_IMPORT_ERROR = traceback.format_exc()
+
+DEFAULT_PORT = 8006
+DEFAULT_HTTP_TIMEOUT = 30
+TASK_LOG_TAIL = 20
+GET_ATTEMPTS = 3
+TRANSIENT_STATUS = frozenset([502, 503, 504, 595, 596])
+
+ENV_FALLBACKS = {
+    "api_host": "PROXMOX_HOST",
+    "api_port": "PROXMOX_PORT",
+    "api_user": "PROXMOX_USER",
+    "api_password": "PROXMOX_PASSWORD",
+    "api_token_id": "PROXMOX_TOKEN_ID",
+    "api_token_secret": "PROXMOX_TOKEN_SECRET",
+    "ca_path": "PROXMOX_CA_PATH",
+    "node": "PROXMOX_NODE",
+}
+
+
+class ConnectionSettings(
+    namedtuple(
+        "ConnectionSettings",
+        ["host", "port", "user", "password", "token_id", "token_secret", "validate_certs", "ca_path", "timeout"],
+    )
+):
+    """How to reach and authenticate to the API. Build it with ``settings_from_params``."""
+
+    __slots__ = ()
+
+    @property
+    def auth_method(self):
+        return "token" if self.token_id else "password"
+
+    @property
+    def verify(self):
+        """What requests takes as ``verify``: a CA file, True, or False."""
+        if not self.validate_certs:
+            return False
+        return self.ca_path or True
+
+
+def settings_from_params(params, environ=None):
+    """ConnectionSettings from module-style parameters, falling back to ``PROXMOX_*`` environment variables.
+
+    Raises ProxmoxError naming what is missing. A token id may be given whole (``user@realm!name``), in which
+    case it also supplies the user.
+    """
+    environ = environ or {}
+
+    def pick(key):
+        value = params.get(key)
+        if value in (None, "") and key in ENV_FALLBACKS:
+            value = environ.get(ENV_FALLBACKS[key])
+        return value if value not in ("",) else None
+
+    host = pick("api_host")
+    user = pick("api_user")
+    password = pick("api_password")
+    token_id = pick("api_token_id")
+    token_secret = pick("api_token_secret")
+    if token_id and "!" in token_id:
+        token_user, token_id = token_id.split("!", 1)
+        if user and user != token_user:
+            raise ProxmoxError(
+                "api_token_id names user %s but api_user is %s; give one or make them agree" % (token_user, user)
+            )
+        user = token_user
+    missing = [name for name, value in (("api_host", host), ("api_user", user)) if not value]
+    if token_id and not token_secret:
+        missing.append("api_token_secret")
+    if not token_id and not password:
+        missing.append("api_password (or api_token_id and api_token_secret)")
+    if missing:
+        raise ProxmoxError(
+            "missing Proxmox connection parameters: %s (each also reads its PROXMOX_* environment variable)"
+            % ", ".join(missing)
+        )
+    port = pick("api_port")
+    validate_certs = params.get("validate_certs")
+    return ConnectionSettings(
+        host=host,
+        port=int(port) if port else DEFAULT_PORT,
+        user=user,
+        password=password if not token_id else None,
+        token_id=token_id,
+        token_secret=token_secret if token_id else None,
+        validate_certs=True if validate_certs is None else bool(validate_certs),
+        ca_path=pick("ca_path"),
+        timeout=int(params.get("api_timeout") or DEFAULT_HTTP_TIMEOUT),
+    )
+
+
+def parse_upid(upid):
+    """``UPID:node:pid:pstart:starttime:type:id:user:`` -> dict (node, type, id, user)."""
+    parts = str(upid or "").split(":")
+    if len(parts) < 8 or parts[0] != "UPID":
+        raise ProxmoxError("not a task id (UPID): %r" % (upid,))
+    return {"node": parts[1], "type": parts[5], "id": parts[6], "user": parts[7], "upid": upid}
+
+
+def task_succeeded(exitstatus):
+    """``OK`` and ``WARNINGS: N`` are success; anything else is the task's error text."""
+    text = str(exitstatus or "")
+    return text == "OK" or text.startswith("WARNINGS:")
+
+
+def _translate(exc, what):
+    """Map an exception of proxmoxer/requests to the typed error; None when it is none of theirs."""
+    if not HAS_PROXMOXER:
+        return None
+    if isinstance(exc, ResourceException):
+        return classify(exc.status_code, exc.content, exc.errors)
+    if isinstance(exc, AuthenticationError):
+        return AuthError("authentication failed: %s" % exc, status=401)
+    if isinstance(exc, requests.exceptions.SSLError):
+        return TLSVerificationFailed(
+            "TLS verification of the Proxmox API failed (%s): %s. Point ca_path (PROXMOX_CA_PATH) at the CA that "
+            "signed the server certificate; validate_certs: false is for throwaway labs only." % (what, exc)
+        )
+    if isinstance(exc, requests.exceptions.Timeout):
+        return Timeout("the Proxmox API did not answer %s in time: %s" % (what, exc), what=what)
+    if isinstance(exc, requests.exceptions.ConnectionError):
+        return ConnectionFailed("cannot reach the Proxmox API (%s): %s" % (what, exc))
+    return None
+
+
+class ProxmoxClient:
+    """Typed access to the parts of the PVE API the collection uses."""
+
+    def __init__(self, api, settings=None, sleep=time.sleep, clock=time.monotonic, poll_interval=1.0):
+        self._api = api
+        self.settings = settings
+        self._sleep = sleep
+        self._clock = clock
+        self._poll_interval = poll_interval
+
+    @classmethod
+    def connect(cls, settings, **kwargs):
+        """Open a session (password auth asks for a ticket here; a token is first used by the first call)."""
+        if not HAS_PROXMOXER:
+            raise ProxmoxError("proxmoxer and requests are required: %s" % PROXMOXER_IMPORT_ERROR)
+        options = dict(
+            host=settings.host,
+            port=settings.port,
+            user=settings.user,
+            verify_ssl=settings.verify,
+            timeout=settings.timeout,
+        )
+        if settings.token_id:
+            options.update(token_name=settings.token_id, token_value=settings.token_secret)
+        else:
+            options.update(password=settings.password)
+        try:
+            api = ProxmoxAPI(**options)
+        except Exception as exc:
+            typed = _translate(exc, "logging in as %s" % settings.user)
+            if typed is None:
+                raise
+            raise typed
+        return cls(api, settings=settings, **kwargs)
+
+    # ------------------------------------------------------------------------------------------- raw calls
+
+    def _call(self, method, path, **params):
+        """One API call, its failure typed. A read that meets a transient failure (gateway, connection) is tried
+        again a few times; a write never is, since it may have been done."""
+        attempts = GET_ATTEMPTS if method == "get" else 1
+        for attempt in range(1, attempts + 1):
+            try:
+                return getattr(self._api(path), method)(**params)
+            except Exception as exc:
+                typed = _translate(exc, "%s /%s" % (method.upper(), path))
+                if typed is None:
+                    raise
+                transient = isinstance(typed, ConnectionFailed) or typed.status in TRANSIENT_STATUS
+                if not transient or isinstance(typed, TLSVerificationFailed) or attempt == attempts:
+                    raise typed
+                self._sleep(0.5 * attempt)
+
+    def get(self, path, **params):
+        return self._call("get", path, **params)
+
+    def post(self, path, **params):
+        return self._call("post", path, **params)
+
+    def put(self, path, **params):
+        return self._call("put", path, **params)
+
+    def delete(self, path, **params):
+        return self._call("delete", path, **params)
+
+    # --------------------------------------------------------------------------------------------- cluster
+
+    def version(self):
+        return self.get("version")
+
+    def nodes(self):
+        return [n.get("node") for n in self.get("nodes") or [] if n.get("node")]
+
+    def guests(self):
+        """Every VM and container of the cluster (``type`` qemu or lxc), with ``vmid`` an int."""
+        result = []
+        for entry in self.get("cluster/resources", type="vm") or []:
+            guest = dict(entry)
+            guest["vmid"] = int(guest["vmid"])
+            guest["template"] = bool(int(guest.get("template") or 0))
+            result.append(guest)
+        return result
+
+    def qemu_vms(self):
+        """Only the VMs; containers share the VMID space but are never matched by name or address."""
+        return [g for g in self.guests() if g.get("type") == "qemu"]
+
+    def next_free_id(self):
+        """The first free VMID of the datacenter's next-id range (PVE returns it as a string)."""
+        return int(self.get("cluster/nextid"))
+
+    # ---------------------------------------------------------------------------------------------- one VM
+
+    @staticmethod
+    def _vm_path(node, vmid, *rest):
+        return "/".join(["nodes", str(node), "qemu", str(int(vmid))] + [str(r) for r in rest])
+
+    def vm_config(self, node, vmid, current=False):
+        """The config with its ``digest``; pending values applied unless ``current``."""
+        params = {"current": 1} if current else {}
+        return self.get(self._vm_path(node, vmid, "config"), **params) or {}
+
+    def vm_status(self, node, vmid):
+        return self.get(self._vm_path(node, vmid, "status", "current")) or {}
+
+    def pending_keys(self, node, vmid):
+        """Keys whose change waits for the VM's next boot: config ``/pending`` and the cloud-init drive.
+
+        An endpoint this server does not have contributes nothing.
+        """
+        keys = set()
+        for endpoint in ("pending", "cloudinit"):
+            try:
+                entries = self.get(self._vm_path(node, vmid, endpoint)) or []
+            except NotFound:
+                continue
+            for entry in entries:
+                if "pending" in entry or entry.get("delete"):
+                    keys.add(entry.get("key"))
+        keys.discard(None)
+        return sorted(keys)
+
+    def wait_unlocked(self, node, vmid, timeout):
+        """The config once no ``lock`` is set; Locked naming the lock when it stays past ``timeout``."""
+        deadline = self._clock() + timeout
+        delay = 0.2
+        while True:
+            config = self.vm_config(node, vmid)
+            lock = config.get("lock")
+            if not lock:
+                return config
+            if self._clock() >= deadline:
+                raise Locked(
+                    "VM %s (%s) on node %s stayed locked (%s) for %ss"
+                    % (config.get("name") or "", vmid, node, lock, timeout),
+                    reason=lock,
+                )
+            self._sleep(delay)
+            delay = min(delay * 2, self._poll_interval)
+
+    # ------------------------------------------------------------------------------------------ operations
+
+    def clone_vm(self, node, template_vmid, newid, name, timeout, full=None, target=None, storage=None, pool=None):
+        params = dict(newid=int(newid), name=name)
+        if full is not None:
+            params["full"] = 1 if full else 0
+        for key, value in (("target", target), ("storage", storage), ("pool", pool)):
+            if value:
+                params[key] = value
+        return self._run_task(self.post(self._vm_path(node, template_vmid, "clone"), **params), timeout)
+
+    def create_vm(self, node, vmid, params, timeout):
+        return self._run_task(self.post("nodes/%s/qemu" % node, vmid=int(vmid), **params), timeout)
+
+    def update_config(self, node, vmid, params, timeout, digest=None, delete=None):
+        """Change the config in one call; a stale ``digest`` raises ConfigChanged."""
+        body = dict(params)
+        if digest:
+            body["digest"] = digest
+        if delete:
+            body["delete"] = ",".join(delete)
+        return self._run_task(self.post(self._vm_path(node, vmid, "config"), **body), timeout)
+
+    def start_vm(self, node, vmid, timeout):
+        return self._run_task(self.post(self._vm_path(node, vmid, "status", "start")), timeout)
+
+    def stop_vm(self, node, vmid, timeout):
+        return self._run_task(self.post(self._vm_path(node, vmid, "status", "stop")), timeout)
+
+    def shutdown_vm(self, node, vmid, timeout, grace):
+        """ACPI shutdown; after ``grace`` seconds PVE stops the VM hard (``forceStop``)."""
+        upid = self.post(self._vm_path(node, vmid, "status", "shutdown"), timeout=int(grace), forceStop=1)
+        return self._run_task(upid, timeout)
+
+    def reboot_vm(self, node, vmid, timeout):
+        return self._run_task(self.post(self._vm_path(node, vmid, "status", "reboot")), timeout)
+
+    def delete_vm(self, node, vmid, timeout):
+        upid = self.delete(self._vm_path(node, vmid), purge=1, **{"destroy-unreferenced-disks": 1})
+        return self._run_task(upid, timeout)
+
+    # ----------------------------------------------------------------------------------------------- tasks
+
+    def _run_task(self, result, timeout):
+        """Calls that may answer with a UPID (or null, when the server did the work synchronously)."""
+        if isinstance(result, str) and result.startswith("UPID:"):
+            return self.wait_task(result, timeout)
+        return result
+
+    def task_log_tail(self, upid, lines=TASK_LOG_TAIL):
+        node = parse_upid(upid)["node"]
+        try:
+            entries = self.get("nodes/%s/tasks/%s/log" % (node, upid), start=0, limit=100000) or []
+        except ProxmoxError:
+            return []
+        entries = sorted(entries, key=lambda e: int(e.get("n", 0)))
+        return [str(e.get("t", "")) for e in entries[-lines:]]
+
+    def wait_task(self, upid, timeout):
+        """Wait for a task; return its exit status. TaskFailed at once on an error, Timeout past ``timeout``."""
+        info = parse_upid(upid)
+        path = "nodes/%s/tasks/%s/status" % (info["node"], upid)
+        deadline = self._clock() + timeout
+        delay = 0.1
+        while True:
+            status = self.get(path) or {}
+            if status.get("status") == "stopped":
+                exitstatus = status.get("exitstatus")
+                if task_succeeded(exitstatus):
+                    return exitstatus
+                tail = self.task_log_tail(upid)
+                raise TaskFailed(
+                    "task %s %s on node %s failed: %s%s"
+                    % (
+                        info["type"],
+                        info["id"],
+                        info["node"],
+                        exitstatus,
+                        ("\n--- task log (last %d lines) ---\n%s" % (len(tail), "\n".join(tail))) if tail else "",
+                    ),
+                    upid=upid,
+                    exitstatus=exitstatus,
+                    log_tail=tail,
+                )
+            if self._clock() >= deadline:
+                tail = self.task_log_tail(upid)
+                raise Timeout(
+                    "task %s %s on node %s still running after %ss (it was not stopped: %s)%s"
+                    % (
+                        info["type"],
+                        info["id"],
+                        info["node"],
+                        timeout,
+                        upid,
+                        ("\n--- task log (last %d lines) ---\n%s" % (len(tail), "\n".join(tail))) if tail else "",
+                    ),
+                    what="task",
+                    upid=upid,
+                    log_tail=tail,
+                )
+            self._sleep(delay)
+            delay = min(delay * 2, self._poll_interval)

@@ -1,0 +1,482 @@
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""What ``llmgw.fleet.pve_vm`` does, between the module (parameters, messages) and the client (HTTP).
+
+Every refusal is decided from reads only, before the first write, so a refused run changes nothing. Every
+difference found or made goes through one DifferenceTracker, which decides ``changed`` and the diff; in check
+mode the same path runs with the writes left out.
+"""
+
+from __future__ import annotations
+
+from ansible_collections.llmgw.fleet.plugins.module_utils.proxmox_errors import Locked, NotFound
+from ansible_collections.llmgw.fleet.plugins.module_utils.vm_plan import (
+    DesiredVM,
+    DifferenceTracker,
+    PlanError,
+    address_of,
+    check_cpu,
+    cpu_model,
+    decode_sshkeys,
+    derive_vmid,
+    ipconfig0_for,
+    memory_mib,
+    next_id_clash,
+    normalize_sshkeys,
+    parse_address,
+    parse_ipconfig,
+    plan_config,
+    reboot_warning,
+    same_host_ip,
+    slow_cpu_variant,
+)
+
+STATES = ("present", "started", "stopped", "absent")
+
+
+class Refusal(Exception):
+    """The run stopped before changing anything, because going on could lose something."""
+
+
+class VMRequest:
+    """The module's parameters, as the runner needs them."""
+
+    def __init__(
+        self,
+        name,
+        state="present",
+        address=None,
+        gateway=None,
+        vmid=None,
+        vmid_base=1000,
+        node=None,
+        clone=None,
+        full_clone=True,
+        storage=None,
+        pool=None,
+        cpu="host",
+        allow_slow_cpu=False,
+        cores=None,
+        memory=None,
+        agent=None,
+        onboot=None,
+        ciuser=None,
+        sshkeys=None,
+        nameserver=None,
+        searchdomain=None,
+        cloudinit_storage=None,
+        bridge="vmbr0",
+        timeout=600,
+        shutdown_timeout=120,
+        reboot_if_needed=False,
+    ):
+        if state not in STATES:
+            raise PlanError("state %r is not one of %s" % (state, ", ".join(STATES)))
+        self.name = name
+        self.state = state
+        self.address = address
+        self.gateway = gateway
+        self.vmid = vmid
+        self.vmid_base = vmid_base
+        self.node = node
+        self.clone = clone
+        self.full_clone = full_clone
+        self.storage = storage
+        self.pool = pool
+        self.cpu = cpu
+        self.allow_slow_cpu = allow_slow_cpu
+        self.cores = cores
+        self.memory = memory
+        self.agent = agent
+        self.onboot = onboot
+        self.ciuser = ciuser
+        self.sshkeys = sshkeys
+        self.nameserver = nameserver
+        self.searchdomain = searchdomain
+        self.cloudinit_storage = cloudinit_storage
+        self.bridge = bridge
+        self.timeout = timeout
+        self.shutdown_timeout = shutdown_timeout
+        self.reboot_if_needed = reboot_if_needed
+
+    @property
+    def manages_identity(self):
+        return self.address is not None or self.vmid is not None
+
+
+class Outcome:
+    def __init__(self, tracker, result, warnings):
+        self.tracker = tracker
+        self.result = result
+        self.warnings = warnings
+
+    @property
+    def changed(self):
+        return not self.tracker.empty
+
+    @property
+    def diff(self):
+        before, after = self.tracker.before_after()
+        return {"before": before, "after": after}
+
+
+def _describe(guest):
+    return "%s %s (VMID %s on node %s%s)" % (
+        "container" if guest.get("type") == "lxc" else ("template" if guest.get("template") else "VM"),
+        repr(guest.get("name") or "") if guest.get("name") else "without a name",
+        guest.get("vmid"),
+        guest.get("node"),
+        ", locked: %s" % guest["lock"] if guest.get("lock") else "",
+    )
+
+
+class VMRunner:
+    def __init__(self, client, request, check_mode=False):
+        self.client = client
+        self.req = request
+        self.check_mode = check_mode
+        self.tracker = DifferenceTracker()
+        self.warnings = []
+
+    # ------------------------------------------------------------------------------------------- identity
+
+    def _find(self, guests):
+        """The VM named ``name`` (or None) and the VMID the request asks for (or None); refusals."""
+        req = self.req
+        named = [g for g in guests if g.get("type") == "qemu" and g.get("name") == req.name]
+        if len(named) > 1:
+            raise Refusal(
+                "name %r matches %d VMs: %s. Nothing was changed. Names must be unique in the fleet: rename or "
+                "remove all but one (and pass vmid to say which one this task manages)."
+                % (req.name, len(named), "; ".join(_describe(g) for g in sorted(named, key=lambda g: g["vmid"])))
+            )
+        vm = named[0] if named else None
+        wanted_vmid = derive_vmid(req.address, req.vmid_base, req.vmid) if req.manages_identity else None
+        if vm is not None and vm.get("template"):
+            raise Refusal(
+                "name %r belongs to a template, %s; a fleet node cannot share its name. Nothing was changed."
+                % (req.name, _describe(vm))
+            )
+        if vm is not None and wanted_vmid is not None and vm["vmid"] != wanted_vmid:
+            how = (
+                "vmid %d" % wanted_vmid
+                if req.vmid is not None
+                else ("VMID %d, derived from address %s (vmid_base %s)" % (wanted_vmid, req.address, req.vmid_base))
+            )
+            raise Refusal(
+                "name %r exists as %s, but this task asks for %s. Nothing was changed. If that VM is this node, "
+                "pass vmid: %d (or the address it was built with); if the node is being rebuilt at a new "
+                "address, remove the old VM first (state: absent)." % (req.name, _describe(vm), how, vm["vmid"])
+            )
+        return vm, wanted_vmid
+
+    def _refuse_taken_vmid(self, guests, vmid):
+        holders = [g for g in guests if g["vmid"] == vmid]
+        if holders:
+            raise Refusal(
+                "VMID %d (for %r) is already used by %s. Nothing was changed. Both names: %r wanted, %r found. "
+                "Choose another address or vmid_base, pass an explicit vmid, or rename/remove the other guest if "
+                "it is a leftover."
+                % (vmid, self.req.name, _describe(holders[0]), self.req.name, holders[0].get("name") or "")
+            )
+
+    def _refuse_address_clash(self, guests, own_vmid):
+        """An address is one node's: refuse when another VM's ipconfig0 already has it (containers ignored)."""
+        if self.req.address is None:
+            return
+        owners = []
+        for guest in guests:
+            if guest.get("type") != "qemu" or guest.get("template") or guest["vmid"] == own_vmid:
+                continue
+            try:
+                config = self.client.vm_config(guest["node"], guest["vmid"])
+            except NotFound:
+                continue  # removed while we looked
+            if same_host_ip(address_of(config), self.req.address):
+                owners.append(guest)
+        if owners:
+            raise Refusal(
+                "address %s is already used by %s (its ipconfig0). Nothing was changed. Give %r another address, "
+                "or remove the other VM if it is a leftover."
+                % (parse_address(self.req.address).ip, "; ".join(_describe(g) for g in owners), self.req.name)
+            )
+
+    # ---------------------------------------------------------------------------------------------- pieces
+
+    def _desired(self, vmid):
+        req = self.req
+        return DesiredVM(
+            name=req.name,
+            vmid=vmid,
+            cpu=req.cpu,
+            cores=req.cores,
+            memory=req.memory,
+            agent=req.agent,
+            onboot=req.onboot,
+            ciuser=req.ciuser,
+            sshkeys=req.sshkeys,
+            ipconfig0=ipconfig0_for(req.address, req.gateway) if req.address else None,
+            nameserver=req.nameserver,
+            searchdomain=req.searchdomain,
+            cloudinit_storage=req.cloudinit_storage,
+        )
+
+    def _check_cpu(self):
+        if self.req.cpu is None:
+            return
+        warning = check_cpu(self.req.cpu, self.req.allow_slow_cpu)
+        if warning:
+            self.warnings.append(warning)
+
+    def _template(self, guests):
+        clone = str(self.req.clone)
+        if clone.isdigit():
+            matches = [g for g in guests if g.get("type") == "qemu" and g["vmid"] == int(clone)]
+        else:
+            matches = [g for g in guests if g.get("type") == "qemu" and g.get("name") == clone]
+        if not matches:
+            raise Refusal("template %r to clone from does not exist. Nothing was changed." % clone)
+        if len(matches) > 1:
+            raise Refusal(
+                "template name %r matches %d VMs: %s; pass its VMID as clone. Nothing was changed."
+                % (clone, len(matches), "; ".join(_describe(g) for g in matches))
+            )
+        if not matches[0].get("template"):
+            raise Refusal(
+                "%s is not a template; fleet nodes are cloned from a template (convert it first). Nothing was "
+                "changed." % _describe(matches[0])
+            )
+        return matches[0]
+
+    def _target_node(self, template):
+        if self.req.node:
+            return self.req.node
+        if template is not None:
+            return template["node"]
+        nodes = self.client.nodes()
+        if len(nodes) == 1:
+            return nodes[0]
+        raise Refusal(
+            "the cluster has %d nodes (%s); pass node (or PROXMOX_NODE) to say where %r goes. Nothing was "
+            "changed." % (len(nodes), ", ".join(nodes), self.req.name)
+        )
+
+    def _result(self, vmid, node, status, config):
+        return {
+            "vmid": vmid,
+            "node": node,
+            "name": self.req.name,
+            "cpu": cpu_model(config.get("cpu")) if config is not None else None,
+            "address": address_of(config) if config is not None else None,
+            "status": status,
+        }
+
+    def _unlocked_config(self, vm):
+        config = self.client.vm_config(vm["node"], vm["vmid"])
+        if not config.get("lock"):
+            return config
+        try:
+            return self.client.wait_unlocked(vm["node"], vm["vmid"], self.req.timeout)
+        except Locked as exc:
+            raise Refusal(
+                "VM %r (VMID %s on node %s) is still locked (%s) after %ss: %s. Nothing was changed. A 'clone' or "
+                "'create' lock that never clears is a VM half-made by an interrupted run: check the node's task "
+                "log; if no task is running for it, remove it (qm unlock %s && qm destroy %s --purge) and run "
+                "again."
+                % (self.req.name, vm["vmid"], vm["node"], exc.reason, self.req.timeout, exc, vm["vmid"], vm["vmid"])
+            )
+
+    # ----------------------------------------------------------------------------------------------- run
+
+    def run(self):
+        guests = self.client.guests()
+        vm, wanted_vmid = self._find(guests)
+        if self.req.state == "absent":
+            return self._absent(vm)
+        self._check_cpu()
+        if vm is None:
+            if wanted_vmid is None:
+                raise Refusal(
+                    "VM %r does not exist and neither address nor vmid is given, so its VMID is unknown. Nothing "
+                    "was changed." % self.req.name
+                )
+            self._refuse_taken_vmid(guests, wanted_vmid)
+        self._refuse_address_clash(guests, vm["vmid"] if vm else wanted_vmid)
+        if vm is None:
+            return self._create(guests, wanted_vmid)
+        return self._converge(vm)
+
+    def _outcome(self, result):
+        return Outcome(self.tracker, result, self.warnings)
+
+    def _absent(self, vm):
+        if vm is None:
+            return self._outcome(
+                {"vmid": None, "node": None, "name": self.req.name, "cpu": None, "address": None, "status": "absent"}
+            )
+        config = self._unlocked_config(vm)
+        status = self.client.vm_status(vm["node"], vm["vmid"]).get("status")
+        self.tracker.add("state", "present", "absent")
+        if not self.check_mode:
+            if status == "running":
+                self.client.stop_vm(vm["node"], vm["vmid"], self.req.timeout)
+            self.client.delete_vm(vm["node"], vm["vmid"], self.req.timeout)
+        result = self._result(vm["vmid"], vm["node"], "absent", config)
+        return self._outcome(result)
+
+    def _create(self, guests, vmid):
+        req = self.req
+        template = self._template(guests) if req.clone is not None else None
+        node = self._target_node(template)
+        clash = next_id_clash(vmid, self.client.next_free_id(), None if req.vmid is not None else req.vmid_base)
+        if clash:
+            self.warnings.append(clash)
+        desired = self._desired(vmid)
+        base = dict(self.client.vm_config(template["node"], template["vmid"])) if template else {}
+        base.pop("template", None)
+        base["name"] = req.name
+        plan = plan_config(desired, base, running=False)
+
+        self.tracker.add("state", "absent", "present")
+        for change in plan.changes:
+            self.tracker.add(change.key, change.before, change.after)
+        final_status = "running" if req.state == "started" else "stopped"
+        if req.state == "started":
+            self.tracker.add("status", "absent", "running")
+        if self.check_mode:
+            predicted = dict(base)
+            predicted.update(plan.params)
+            return self._outcome(self._fresh_result(vmid, node, final_status, predicted))
+
+        if template:
+            self.client.clone_vm(
+                template["node"],
+                template["vmid"],
+                vmid,
+                req.name,
+                req.timeout,
+                full=req.full_clone,
+                target=node if node != template["node"] else None,
+                storage=req.storage,
+                pool=req.pool,
+            )
+            config = self.client.wait_unlocked(node, vmid, req.timeout)
+            # Plan again on what the clone really produced: the template may have changed since it was read.
+            plan = plan_config(desired, config, running=False)
+            if not plan.empty:
+                self.client.update_config(node, vmid, plan.params, req.timeout, digest=plan.digest)
+        else:
+            params = dict(plan.params)
+            params["name"] = req.name
+            if req.bridge:
+                params["net0"] = "virtio,bridge=%s" % req.bridge
+            if req.pool:
+                params["pool"] = req.pool
+            self.client.create_vm(node, vmid, params, req.timeout)
+        if req.state == "started":
+            self.client.start_vm(node, vmid, req.timeout)
+        config = self.client.vm_config(node, vmid)
+        status = self.client.vm_status(node, vmid).get("status", final_status)
+        return self._outcome(self._fresh_result(vmid, node, status, config))
+
+    def _fresh_result(self, vmid, node, status, config):
+        """A VM made by this run has nothing waiting for a boot: it was configured before its first start."""
+        result = self._result(vmid, node, status, config)
+        result.update(reboot_required=False, pending=[])
+        return result
+
+    def _converge(self, vm):
+        req = self.req
+        node, vmid = vm["node"], vm["vmid"]
+        config = self._unlocked_config(vm)
+        status = self.client.vm_status(node, vmid).get("status")
+        running = status == "running"
+        plan = plan_config(self._desired(vmid), config, running=running)
+        for change in plan.changes:
+            self.tracker.add(change.key, change.before, change.after)
+        # Changes left waiting for a boot by an earlier run (or by hand) count too; a boot clears them.
+        waiting = sorted(set(plan.reboot_keys) | set(self.client.pending_keys(node, vmid) if running else []))
+
+        if not self.check_mode and not plan.empty:
+            self.client.update_config(node, vmid, plan.params, req.timeout, digest=plan.digest)
+            config = None
+
+        final_status = status
+        if req.state == "started" and not running:
+            self.tracker.add("status", status, "running")
+            final_status = "running"
+            if not self.check_mode:
+                self.client.start_vm(node, vmid, req.timeout)
+        elif req.state == "stopped" and running:
+            self.tracker.add("status", status, "stopped")
+            final_status = "stopped"
+            if not self.check_mode:
+                self.client.shutdown_vm(node, vmid, req.timeout, req.shutdown_timeout)
+        elif running and waiting:
+            if req.reboot_if_needed:
+                self.tracker.add("reboot", {"pending": waiting}, "rebooted")
+                if not self.check_mode:
+                    self.client.reboot_vm(node, vmid, req.timeout)
+            else:
+                self.warnings.append(reboot_warning(req.name, vmid, waiting))
+        reboot_required = bool(running and waiting and final_status == "running" and not req.reboot_if_needed)
+
+        if config is None:
+            config = self.client.vm_config(node, vmid)
+        elif self.check_mode and not plan.empty:
+            config = dict(config)
+            config.update(plan.params)
+        if not self.check_mode:
+            final_status = self.client.vm_status(node, vmid).get("status", final_status)
+        result = self._result(vmid, node, final_status, config)
+        result["reboot_required"] = reboot_required
+        result["pending"] = waiting if reboot_required else []
+        return self._outcome(result)
+
+
+def run_vm(client, request, check_mode=False):
+    return VMRunner(client, request, check_mode=check_mode).run()
+
+
+def vm_info(client, name=None, vmid=None, node=None, include_config=False):
+    """The VMs (never containers) matching every filter given, each read from its config."""
+    vms = []
+    for guest in sorted(client.qemu_vms(), key=lambda g: g["vmid"]):
+        if name is not None and guest.get("name") != name:
+            continue
+        if vmid is not None and guest["vmid"] != int(vmid):
+            continue
+        if node is not None and guest.get("node") != node:
+            continue
+        try:
+            config = client.vm_config(guest["node"], guest["vmid"])
+        except NotFound:
+            continue  # removed while we looked
+        vms.append(describe_vm(guest, config, include_config))
+    return vms
+
+
+def describe_vm(guest, config, include_config=False):
+    ipconfig = parse_ipconfig(config.get("ipconfig0"))
+    keys = normalize_sshkeys(decode_sshkeys(config["sshkeys"])) if config.get("sshkeys") else ""
+    entry = {
+        "vmid": guest["vmid"],
+        "name": guest.get("name") or config.get("name"),
+        "node": guest.get("node"),
+        "status": guest.get("status"),
+        "template": bool(guest.get("template")),
+        "lock": config.get("lock"),
+        "cpu": cpu_model(config.get("cpu")),
+        "cpu_explicit": bool(config.get("cpu")),
+        "slow_cpu_variant": slow_cpu_variant(config.get("cpu")),
+        "cores": int(config["cores"]) if config.get("cores") is not None else None,
+        "memory": memory_mib(config.get("memory")),
+        "address": address_of(config),
+        "gateway": ipconfig.get("gw"),
+        "ciuser": config.get("ciuser"),
+        "sshkeys": keys.splitlines(),
+        "nameserver": config.get("nameserver"),
+        "searchdomain": config.get("searchdomain"),
+    }
+    if include_config:
+        entry["config"] = config
+    return entry

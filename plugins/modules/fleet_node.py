@@ -1,0 +1,194 @@
+#!/usr/bin/python
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: fleet_node
+short_description: Record an inference node in the fleet registry
+version_added: 0.1.0
+description:
+  - Creates, updates or removes a node in the fleet registry, an SQLite database on the controller
+    (see C(docs/placement.md) in the collection).
+  - Only the options given are changed; the others keep their recorded values.
+  - The registry lives on the controller, so run this module there (set C(delegate_to) to C(localhost), or use a play on
+    C(localhost)).
+  - Every change is one transaction; concurrent playbooks wait for each other (busy timeout) rather than fail.
+author:
+  - llmgw.fleet developers (@llmgw)
+options:
+  name:
+    description: Node name (the VM name, hostname and certificate CN).
+    type: str
+    required: true
+  state:
+    description:
+      - C(present) records the node; C(absent) removes it, which fails while it still holds shards.
+    type: str
+    choices: [present, absent]
+    default: present
+  status:
+    description:
+      - The node's state in the fleet. New nodes start C(pending). Only C(ready) nodes are given shards.
+      - A change of status without O(reasons) clears the previous reasons.
+    type: str
+    choices: [pending, ready, draining, lost]
+  reasons:
+    description: Why the node is in its status, for people.
+    type: list
+    elements: str
+  address:
+    description: Address the controller reaches the node at (becomes C(ansible_host) in the inventory plugin).
+    type: str
+  vmid:
+    description: Proxmox VM id.
+    type: int
+  proxmox_node:
+    description: The Proxmox VE node the VM runs on.
+    type: str
+  fabric:
+    description:
+      - Interconnect fabric the node is on (for example C(ib-a)). All shards of a multi-node replica share one.
+      - New nodes default to C(default). Moving a node that holds shards of a multi-node replica is refused.
+    type: str
+  gpus:
+    description: Number of GPUs on the node.
+    type: int
+  gpu_type:
+    description: GPU model, matched against a replica's C(gpu_type) constraint. C("") clears it.
+    type: str
+  cpu_variant:
+    description: The ggml CPU backend variant the node's CPU supports (for example C(haswell)).
+    type: str
+  engine_version:
+    description: Version of the inference engine installed on the node.
+    type: str
+  cert_fingerprint:
+    description: SHA-256 fingerprint of the node's certificate.
+    type: str
+  last_seen:
+    description: When the node was last seen, C(now) or an ISO 8601 time (stored in UTC).
+    type: str
+  db:
+    description:
+      - Path of the registry database. Defaults to E(LLMGW_FLEET_DB), then C($XDG_DATA_HOME/llmgw/fleet.db),
+        then C(~/.local/share/llmgw/fleet.db).
+    type: path
+notes:
+  - Supports check mode (the change runs against an in-memory copy of the registry, so it is checked exactly)
+    and diff mode.
+  - O(last_seen=now) changes the record on every run, so it reports C(changed).
+seealso:
+  - module: llmgw.fleet.fleet_replica
+  - module: llmgw.fleet.fleet_info
+  - plugin: llmgw.fleet.fleet
+    plugin_type: inventory
+"""
+
+EXAMPLES = r"""
+- name: Register node01 on fabric ib-a with eight GPUs, ready for shards
+  llmgw.fleet.fleet_node:
+    name: node01
+    address: 10.77.0.11
+    vmid: 111
+    proxmox_node: pve1
+    fabric: ib-a
+    gpus: 8
+    gpu_type: sim
+    cpu_variant: haswell
+    engine_version: b10991
+    status: ready
+    last_seen: now
+  delegate_to: localhost
+
+- name: Declare node02 lost
+  llmgw.fleet.fleet_node:
+    name: node02
+    status: lost
+    reasons: ["unseen for 60 s"]
+  delegate_to: localhost
+
+- name: Remove a node that holds no shards
+  llmgw.fleet.fleet_node:
+    name: node06
+    state: absent
+    db: /srv/llmgw/fleet.db
+  delegate_to: localhost
+"""
+
+RETURN = r"""
+node:
+  description: The node as recorded after the task (empty when removed).
+  returned: always
+  type: dict
+  sample:
+    name: node01
+    address: 10.77.0.11
+    fabric: ib-a
+    gpu_count: 8
+    free_gpus: 4
+    state: ready
+    reasons: []
+    shards: [{replica: coder-a, rank: 0}]
+db:
+  description: The registry database used.
+  returned: always
+  type: str
+  sample: /root/.local/share/llmgw/fleet.db
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.llmgw.fleet.plugins.module_utils import fleet_registry, placement
+
+FIELDS = {"status": "state", "reasons": "reasons", "address": "address", "vmid": "vmid",
+          "proxmox_node": "proxmox_node", "fabric": "fabric", "gpus": "gpu_count", "gpu_type": "gpu_type",
+          "cpu_variant": "cpu_variant", "engine_version": "engine_version", "cert_fingerprint": "cert_fingerprint",
+          "last_seen": "last_seen"}
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            name=dict(type="str", required=True),
+            state=dict(type="str", choices=["present", "absent"], default="present"),
+            status=dict(type="str", choices=list(placement.NODE_STATES)),
+            reasons=dict(type="list", elements="str"),
+            address=dict(type="str"),
+            vmid=dict(type="int"),
+            proxmox_node=dict(type="str"),
+            fabric=dict(type="str"),
+            gpus=dict(type="int"),
+            gpu_type=dict(type="str"),
+            cpu_variant=dict(type="str"),
+            engine_version=dict(type="str"),
+            cert_fingerprint=dict(type="str"),
+            last_seen=dict(type="str"),
+            db=dict(type="path"),
+        ),
+        supports_check_mode=True,
+    )
+    params = module.params
+    try:
+        registry = fleet_registry.open_for_module(params["db"], module.check_mode)
+    except fleet_registry.RegistryError as exc:
+        module.fail_json(msg=str(exc))
+    try:
+        if params["state"] == "absent":
+            before, after = registry.delete_node(params["name"]), None
+        else:
+            fields = {column: params[option] for option, column in FIELDS.items()}
+            before, after = registry.put_node(params["name"], **fields)
+    except (fleet_registry.RegistryError, placement.PlacementError) as exc:
+        module.fail_json(msg=str(exc), db=registry.path)
+    finally:
+        registry.close()
+    old = fleet_registry.comparable(before, fleet_registry.NODE_FIELDS)
+    new = fleet_registry.comparable(after, fleet_registry.NODE_FIELDS)
+    module.exit_json(changed=old != new, node=after or {}, db=registry.path,
+                     diff={"before": old or {}, "after": new or {}})
+
+
+if __name__ == "__main__":
+    main()

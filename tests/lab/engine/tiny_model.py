@@ -1,0 +1,99 @@
+#!/usr/bin/env python3
+"""Write a tiny llama-architecture GGUF (random weights, byte-fallback SentencePiece vocabulary) that llama-server
+loads and completes with. The text it writes is noise; what matters is that the engine loads, serves and answers.
+
+    .venv/bin/python tests/lab/engine/tiny_model.py OUT.gguf [--seed N]
+
+About 400 KiB: 2 layers, 64 wide, 4 heads, 259 + 32 tokens, all F32. Deterministic for a given seed.
+"""
+
+import argparse
+import sys
+
+import gguf
+import numpy as np
+
+N_EMBD = 64
+N_HEAD = 4
+N_HEAD_KV = 4
+N_LAYER = 2
+N_FF = 128
+N_CTX = 512
+WORDS = ("▁", "▁the", "▁a", "▁and", "▁of", "▁to", "▁in", "▁is", "▁it", "▁that", "▁hello", "▁world", "▁node",
+         "▁fleet", "▁model", "▁token", "e", "t", "a", "o", "i", "n", "s", "r", "h", "l", "d", "c", "u", "m", ".", ",")
+
+
+def vocabulary():
+    """<unk>, <s>, </s>, the 256 byte tokens SentencePiece falls back to, then a few word pieces."""
+    tokens = ["<unk>", "<s>", "</s>"]
+    types = [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL]
+    tokens += ["<0x%02X>" % b for b in range(256)]
+    types += [gguf.TokenType.BYTE] * 256
+    tokens += list(WORDS)
+    types += [gguf.TokenType.NORMAL] * len(WORDS)
+    scores = [0.0] * 259 + [-float(i) for i in range(len(WORDS))]
+    return tokens, scores, types
+
+
+def write(path, seed=0):
+    rng = np.random.default_rng(seed)
+    tokens, scores, types = vocabulary()
+    n_vocab = len(tokens)
+    writer = gguf.GGUFWriter(path, "llama")
+    writer.add_name("llmgw-tiny-llama")
+    writer.add_context_length(N_CTX)
+    writer.add_embedding_length(N_EMBD)
+    writer.add_block_count(N_LAYER)
+    writer.add_feed_forward_length(N_FF)
+    writer.add_head_count(N_HEAD)
+    writer.add_head_count_kv(N_HEAD_KV)
+    writer.add_rope_dimension_count(N_EMBD // N_HEAD)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_vocab_size(n_vocab)
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(tokens)
+    writer.add_token_scores(scores)
+    writer.add_token_types(types)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_unk_token_id(0)
+    writer.add_add_bos_token(True)
+    writer.add_add_eos_token(False)
+
+    def tensor(name, *shape, ones=False):
+        data = np.ones(shape, np.float32) if ones else (rng.standard_normal(shape) * 0.02).astype(np.float32)
+        writer.add_tensor(name, data)
+
+    n_embd_kv = N_EMBD // N_HEAD * N_HEAD_KV
+    tensor("token_embd.weight", n_vocab, N_EMBD)
+    for i in range(N_LAYER):
+        tensor("blk.%d.attn_norm.weight" % i, N_EMBD, ones=True)
+        tensor("blk.%d.attn_q.weight" % i, N_EMBD, N_EMBD)
+        tensor("blk.%d.attn_k.weight" % i, n_embd_kv, N_EMBD)
+        tensor("blk.%d.attn_v.weight" % i, n_embd_kv, N_EMBD)
+        tensor("blk.%d.attn_output.weight" % i, N_EMBD, N_EMBD)
+        tensor("blk.%d.ffn_norm.weight" % i, N_EMBD, ones=True)
+        tensor("blk.%d.ffn_gate.weight" % i, N_FF, N_EMBD)
+        tensor("blk.%d.ffn_up.weight" % i, N_FF, N_EMBD)
+        tensor("blk.%d.ffn_down.weight" % i, N_EMBD, N_FF)
+    tensor("output_norm.weight", N_EMBD, ones=True)
+    tensor("output.weight", n_vocab, N_EMBD)
+
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("out")
+    parser.add_argument("--seed", type=int, default=0)
+    options = parser.parse_args(argv)
+    print(write(options.out, options.seed))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,72 @@
+"""The lab's own endpoints, outside /api2 and answered on loopback only, without authentication.
+
+- `GET /lab/info`: which backend the server drives (`nodes`, or `no-nodes` for VMs without a guest), its pid.
+- `GET /lab/faults`: the faults switched on now.
+- `POST /lab/faults` (JSON), any of:
+  `{"fail_next_task": "text"}` or `{"fail_next_task": {"message": "text", "type": "qmstart", "vmid": 101}}`,
+  `{"fail_requests": N, "status": 503, "message": "text", "path": "/nodes/pve/qemu/123"}`, `{"task_delay": 2.5}`,
+  `{"lock": {"vmid": 101, "lock": "backup"}}` (a `lock` of null removes the VM's lock).
+- `DELETE /lab/faults`: switches every fault off (VM locks stay until removed, as they would on PVE); with a
+  JSON body only what it names: `{"fail_next_task": "text", "fail_requests": true, "task_delay": true}` (the lab
+  may serve several clients at once, each cleaning up its own faults).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Dict, Tuple
+
+from pve_lab.api.app import App
+from pve_lab.api.faults import FaultError
+from pve_lab.api.qemu_schema import LOCKS
+
+Answer = Tuple[int, Dict[str, object]]
+
+
+def handle(app: App, method: str, path: str, body: bytes) -> Answer:
+    if path == "/lab/info" and method == "GET":
+        return 200, {"data": {"backend": app.backend_kind, "node": app.node, "pid": os.getpid(),
+                              "lab_dir": app.paths.lab_dir}}
+    if path != "/lab/faults":
+        return 404, {"message": "no such lab endpoint"}
+    if method == "GET":
+        return 200, {"data": app.faults.snapshot()}
+    if method == "DELETE":
+        try:
+            payload = json.loads(body) if body else None
+        except ValueError as err:
+            return 400, {"message": str(err)}
+        if isinstance(payload, dict):
+            app.faults.remove(payload)
+        else:
+            app.faults.clear()
+        return 200, {"data": app.faults.snapshot()}
+    if method != "POST":
+        return 405, {"message": "method not allowed"}
+    try:
+        payload = json.loads(body or b"{}")
+        if not isinstance(payload, dict):
+            raise FaultError("the body is a JSON object")
+        if "lock" in payload:
+            _set_lock(app, payload["lock"])
+        app.faults.update(payload)
+    except (ValueError, FaultError) as err:
+        return 400, {"message": str(err)}
+    return 200, {"data": app.faults.snapshot()}
+
+
+def _set_lock(app: App, spec: object) -> None:
+    if not isinstance(spec, dict) or "vmid" not in spec:
+        raise FaultError("lock is {vmid, lock}")
+    lock = spec.get("lock")
+    if lock is not None and lock not in LOCKS:
+        raise FaultError("lock must be one of %s" % ", ".join(LOCKS))
+    with app.state.change():
+        vm = app.find(int(spec["vmid"]))
+        if vm is None:
+            raise FaultError("VM %s does not exist" % spec["vmid"])
+        if lock is None:
+            vm.config.pop("lock", None)
+        else:
+            vm.config["lock"] = lock

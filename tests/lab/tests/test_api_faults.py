@@ -1,0 +1,48 @@
+"""Fault injection through /lab/faults: failing tasks, 5xx answers, slow tasks."""
+
+import pytest
+import requests
+from proxmoxer import ResourceException
+
+
+def test_lab_info_says_which_backend_runs(conn, lab):
+    url = "https://%s:%d/lab/info" % (conn["api_host"], conn["api_port"])
+    info = requests.get(url, verify=conn["ca_cert"], timeout=30).json()["data"]
+    assert info["backend"] == lab.backend and info["node"] == conn["pve_node"]
+
+
+def test_the_next_task_fails_with_the_given_text(node, vms, faults, tasks):
+    vmid = vms.track(vms.free_id())
+    faults.set(fail_next_task={"message": "storage on fire", "type": "qmcreate", "vmid": vmid})
+    status = tasks.wait(node.qemu.create(vmid=vmid, name="burnt"))
+    assert status["exitstatus"] == "unable to create VM %d - storage on fire" % vmid
+    with pytest.raises(ResourceException):
+        node.qemu(vmid).config.get()  # a failed create leaves no VM behind
+    assert "storage on fire" not in [f["message"] for f in faults.state()["task_failures"]]
+    tasks.ok(node.qemu.create(vmid=vmid, name="unburnt"))
+
+
+def test_a_failed_clone_says_clone_failed(node, conn, vms, faults, tasks):
+    newid = vms.track(vms.free_id())
+    faults.set(fail_next_task={"message": "disk copy failed", "vmid": newid})
+    status = tasks.wait(node.qemu(conn["template_vmid"]).clone.post(newid=newid, name="nope"))
+    assert status["exitstatus"] == "clone failed: disk copy failed"
+    assert newid not in {e["vmid"] for e in node.qemu.get()}
+
+
+def test_the_next_requests_answer_5xx(node, conn, http, faults, vms):
+    vmid = vms.create(name="outage")
+    path = "/nodes/%s/qemu/%d" % (conn["pve_node"], vmid)  # only this VM's calls: others may use the lab too
+    faults.set(fail_requests=2, status=503, message="lab outage", path=path)
+    first = http.api("GET", path + "/status/current")
+    assert (first.status_code, first.reason) == (503, "lab outage")
+    with pytest.raises(ResourceException) as caught:
+        node.qemu(vmid).status.current.get()
+    assert (caught.value.status_code, caught.value.content) == (503, "lab outage")
+    assert node.qemu(vmid).status.current.get()["status"] == "stopped"
+
+
+def test_faults_refuse_what_they_do_not_understand(conn):
+    url = "https://%s:%d/lab/faults" % (conn["api_host"], conn["api_port"])
+    answer = requests.post(url, json={"fail_requests": -1}, verify=conn["ca_cert"], timeout=30)
+    assert answer.status_code == 400

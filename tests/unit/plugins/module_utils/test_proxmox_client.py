@@ -1,0 +1,118 @@
+"""The client's pure parts: PVE's error shapes, connection settings, task ids. Its HTTP side runs against the lab
+(tests/e2e/test_proxmox_client_lab.py)."""
+
+import pytest
+
+from ansible_collections.llmgw.fleet.plugins.module_utils import proxmox_errors as errors
+from ansible_collections.llmgw.fleet.plugins.module_utils.proxmox_client import (
+    ConnectionSettings,
+    parse_upid,
+    settings_from_params,
+    task_succeeded,
+)
+
+UPID = "UPID:pve:0001B2C3:0123ABCD:6650F00D:qmclone:9000:root@pam:"
+
+
+@pytest.mark.parametrize(
+    "status, reason, errs, cls",
+    [
+        (500, "Configuration file 'nodes/pve/qemu-server/1105.conf' does not exist", None, errors.NotFound),
+        (500, "unable to create VM 1105 - VM 1105 already exists on node 'pve'", None, errors.AlreadyExists),
+        (400, "Parameter verification failed.", {"vmid": "VM 1105 already exists"}, errors.AlreadyExists),
+        (500, "VM is locked (clone)", None, errors.Locked),
+        (500, "can't lock file '/var/lock/qemu-server/lock-1105.conf' - got timeout", None, errors.Locked),
+        (500, "detected modified configuration - file changed by other user? Try again.", None, errors.ConfigChanged),
+        (500, "checksum missmatch (file change by other user?)", None, errors.ConfigChanged),
+        (500, "checksum mismatch (file change by other user?)", None, errors.ConfigChanged),
+        (400, "Parameter verification failed.", {"sshkeys": "invalid urlencoded string"}, errors.ParameterError),
+        (400, "Parameter verification failed.", {"vmid": "value does not look like a valid VM ID"},
+         errors.ParameterError),
+        (401, "authentication failure", None, errors.AuthError),
+        (401, "invalid csrf token", None, errors.AuthError),
+        (403, "Permission check failed (/vms/1105, VM.Allocate)", None, errors.PermissionDenied),
+        (501, "Method 'GET /nodes/pve/qemu/1105/pending' not implemented", None, errors.NotFound),
+        (500, "no such VM ('1105')", None, errors.NotFound),
+        (595, "Connection refused", None, errors.ConnectionFailed),
+        (500, "unexpected error", None, errors.ProxmoxError),
+    ],
+)
+def test_pve_error_shapes_become_typed_errors(status, reason, errs, cls):
+    error = errors.classify(status, reason, errs)
+    assert error.__class__ is cls
+    assert error.status == status and error.reason == reason
+    assert reason in str(error)
+    for key, text in (errs or {}).items():
+        assert key in str(error) and text in str(error)
+
+
+def test_every_typed_error_is_a_proxmox_error():
+    for cls in (errors.NotFound, errors.AlreadyExists, errors.Locked, errors.AuthError, errors.TaskFailed,
+                errors.Timeout, errors.ConfigChanged, errors.ParameterError, errors.TLSVerificationFailed):
+        assert issubclass(cls, errors.ProxmoxError)
+    assert issubclass(errors.TLSVerificationFailed, errors.ConnectionFailed)
+
+
+def test_settings_fall_back_to_environment():
+    environ = {"PROXMOX_HOST": "127.0.0.1", "PROXMOX_PORT": "8443", "PROXMOX_USER": "root@pam",
+               "PROXMOX_PASSWORD": "secret", "PROXMOX_CA_PATH": "/lab/ca.pem"}
+    settings = settings_from_params({}, environ)
+    assert settings == ConnectionSettings("127.0.0.1", 8443, "root@pam", "secret", None, None, True, "/lab/ca.pem", 30)
+    assert settings.auth_method == "password" and settings.verify == "/lab/ca.pem"
+
+
+def test_parameters_win_over_environment():
+    settings = settings_from_params({"api_host": "pve1", "api_user": "a@pve", "api_password": "p"},
+                                    {"PROXMOX_HOST": "other", "PROXMOX_USER": "b@pve"})
+    assert (settings.host, settings.user, settings.port) == ("pve1", "a@pve", 8006)
+
+
+def test_whole_token_id_supplies_the_user_and_token_wins_over_password():
+    settings = settings_from_params({"api_host": "pve", "api_token_id": "ansible@pve!fleet", "api_token_secret": "s",
+                                     "api_password": "ignored"})
+    assert (settings.user, settings.token_id, settings.token_secret) == ("ansible@pve", "fleet", "s")
+    assert settings.password is None and settings.auth_method == "token"
+
+
+def test_token_user_disagreeing_with_api_user_is_refused():
+    with pytest.raises(errors.ProxmoxError, match="agree"):
+        settings_from_params({"api_host": "pve", "api_user": "root@pam", "api_token_id": "ansible@pve!fleet",
+                              "api_token_secret": "s"})
+
+
+@pytest.mark.parametrize(
+    "params, missing",
+    [
+        ({}, "api_host"),
+        ({"api_host": "pve", "api_password": "p"}, "api_user"),
+        ({"api_host": "pve", "api_user": "root@pam"}, "api_password"),
+        ({"api_host": "pve", "api_user": "root@pam", "api_token_id": "fleet"}, "api_token_secret"),
+    ],
+)
+def test_missing_connection_parameters_are_named(params, missing):
+    with pytest.raises(errors.ProxmoxError) as caught:
+        settings_from_params(params, {})
+    assert missing in str(caught.value) and "PROXMOX_" in str(caught.value)
+
+
+def test_certificates_are_verified_unless_switched_off():
+    base = {"api_host": "pve", "api_user": "root@pam", "api_password": "p"}
+    assert settings_from_params(base).verify is True
+    assert settings_from_params(dict(base, ca_path="/ca.pem")).verify == "/ca.pem"
+    assert settings_from_params(dict(base, validate_certs=False, ca_path="/ca.pem")).verify is False
+
+
+def test_upid_names_its_node_type_and_vm():
+    info = parse_upid(UPID)
+    assert (info["node"], info["type"], info["id"], info["user"]) == ("pve", "qmclone", "9000", "root@pam")
+    with pytest.raises(errors.ProxmoxError):
+        parse_upid("not-a-upid")
+
+
+@pytest.mark.parametrize(
+    "exitstatus, ok",
+    [("OK", True), ("WARNINGS: 2", True), ("clone failed: out of space", False), ("", False), (None, False),
+     ("unexpected status", False)],
+)
+def test_warnings_are_success_and_anything_else_is_failure(exitstatus, ok):
+    assert task_succeeded(exitstatus) is ok
