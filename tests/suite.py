@@ -15,7 +15,8 @@ import xml.etree.ElementTree as ET
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.join(REPO, ".venv", "bin")
 PY = os.path.join(BIN, "python")
-SANITY_ROOT = os.path.join(REPO, ".build", "sanity", "ansible_collections", "llmgw", "fleet")
+# Outside the repository: inside it, ansible-test would ask git for the files and find .build/ ignored.
+SANITY_ROOT = os.path.join("/tmp", "llmgw-fleet-sanity", "ansible_collections", "llmgw", "fleet")
 JUNIT = os.path.join(REPO, ".build", "pytest-junit.xml")
 GET_PIP_CACHE = os.path.expanduser("~/.ansible/test/cache/get_pip_24_2.py")
 
@@ -51,6 +52,13 @@ def stage_sanity():
     shutil.copy(os.path.join(REPO, "tests", "tools", "ansible_test_get_pip.py"), GET_PIP_CACHE)
     return run([os.path.join(BIN, "ansible-test"), "sanity", "--local", "--python", "3.11", "--color", "no"],
                cwd=SANITY_ROOT)
+
+
+PYTEST_PATHS = ["tests/unit", "tests/examples", "tests/lab/tests", "tests/e2e"]
+
+
+def stage_engine_build():
+    return run([PY, os.path.join("tests", "lab", "engine", "build.py")])
 
 
 def stage_lab_up():
@@ -94,7 +102,8 @@ def main():
         ("lint", stage_lint),
         ("sanity", stage_sanity),
         ("lab up", stage_lab_up),
-        ("pytest (units, lab, end-to-end)", lambda: stage_pytest(["tests/unit", "tests/examples", "tests/lab/tests", "tests/e2e"])),
+        ("engine build (cached per machine)", stage_engine_build),
+        ("pytest (units, lab, end-to-end)", lambda: stage_pytest(PYTEST_PATHS)),
     ]
 
     results = []
@@ -112,7 +121,7 @@ def main():
     print("\nstage time summary")
     for name, rc, seconds in results:
         print("  {:<40} {:>7.1f} s  {}".format(name, seconds, "ok" if rc == 0 else f"FAILED (rc {rc})"))
-    failed_stages = [name for name, rc, _ in results if rc != 0]
+    failed_stages = [name for name, rc, _ignored in results if rc != 0]
     passed, failed, skipped = junit_counts()
     non_pytest_failures = len([n for n in failed_stages if not n.startswith("pytest")])
     print(f"suite: {passed} passed, {failed + non_pytest_failures} failed, {skipped} skipped")

@@ -24,7 +24,7 @@ def existing_identity(info):
     """The identity of a certificate as community.crypto.x509_certificate_info returns it."""
     sans = []
     for san in info.get("subject_alt_name") or []:
-        kind, _, value = san.partition(":")
+        kind, _ignored, value = san.partition(":")
         sans.append("{}:{}".format("IP" if kind in ("IP", "IP Address") else kind, value))
     return {"common_name": (info.get("subject") or {}).get("commonName"), "subject_alt_name": sorted(sans)}
 
@@ -42,7 +42,7 @@ def decide(name, address, info=None, valid_through_window=True, force=False, rei
                 "the certificate on file is for CN={} {} but the node is CN={} {}: one name and one address per "
                 "node. If {} was really renamed or re-addressed, run again with force (the old certificate is kept "
                 "as a backup)".format(have["common_name"], ", ".join(have["subject_alt_name"]),
-                                           want["common_name"], ", ".join(want["subject_alt_name"]), name))
+                                      want["common_name"], ", ".join(want["subject_alt_name"]), name))
         return REISSUE, "identity changed and force was given"
     if reissue:
         return REISSUE, "re-issue requested"

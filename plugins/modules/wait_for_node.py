@@ -18,7 +18,7 @@ description:
   - Finally connects with strict host key checking and verifies that the node's hostname is its name.
   - On timeout, says what it saw last (no route, refused, banner but authentication failed, cloud-init still running).
 version_added: 0.1.0
-author: llmgw.fleet developers
+author: llmgw.fleet developers (@llmgw)
 options:
   name:
     description: The node's name, which must also be its hostname. The host key is filed under it.
@@ -59,9 +59,11 @@ notes:
   - In check mode nothing is contacted; the result says whether a key would be learned.
 attributes:
   check_mode:
+    description: Can run in check_mode and return changed status prediction without modifying target.
     support: partial
     details: Predicts from the known_hosts file alone.
   diff_mode:
+    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
     support: none
 """
 
@@ -150,7 +152,7 @@ def wait_until_ready(module, address, timeline):
             return time.monotonic() - started
         if state == first_boot.CLOUD_INIT_ERROR:
             long_argv = ssh_argv(params, address, os.devnull, False, "cloud-init status --long")
-            _, long_out, _ = module.run_command(long_argv)
+            _ignored, long_out, _ignored = module.run_command(long_argv)
             module.fail_json(msg="{}: cloud-init finished with an error: {}".format(params["name"], long_out.strip()),
                              timeline=timeline.events)
         if time.monotonic() >= deadline:
@@ -183,7 +185,7 @@ def main():
             user=dict(type="str", default="debian"),
             private_key_file=dict(type="path", required=True),
             known_hosts_file=dict(type="path", default="~/.local/share/llmgw/known_hosts"),
-            pinned_host_key=dict(type="str"),
+            pinned_host_key=dict(type="str", no_log=False),  # a public key, not a secret
             forget_known_key=dict(type="bool", default=False),
             timeout=dict(type="int", default=300),
             port=dict(type="int", default=22),
@@ -193,7 +195,7 @@ def main():
     params = module.params
     name = params["name"]
     address = params["address"].split("/")[0]
-    path = os.path.expanduser(params["known_hosts_file"])
+    path = params["known_hosts_file"]
     known = read_text(path)
     if params["forget_known_key"]:
         known = host_keys.remove_entries(known, name)

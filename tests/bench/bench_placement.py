@@ -57,10 +57,10 @@ def make_fleet(size, rnd):
 
 def make_stream(fleet, rnd, load=1.3):
     capacity = sum(n.gpus for n in fleet.nodes.values())
-    weights = [w for _, _, w in SHAPES]
+    weights = [w for _ignored, _ignored, w in SHAPES]
     stream, demand = [], 0
     while demand < load * capacity:
-        shards, gpus, _ = rnd.choices(SHAPES, weights)[0]
+        shards, gpus, _ignored = rnd.choices(SHAPES, weights)[0]
         stream.append(Request("r%05d" % len(stream), shards, gpus))
         demand += shards * gpus
     return stream
@@ -111,7 +111,7 @@ def bench_size(size, rnd):
     ffd, ffd_ms = timed(first_fit_decreasing, fleet, stream)
     batch, batch_ms = timed(plan, fleet, stream)
     placed, gpus, times, at_200 = online(fleet, stream, time_at=200 if size >= 1000 else None)
-    ff_placed, ff_gpus, _, _ = online(fleet, stream, solver=first_fit, fresh=False)
+    ff_placed, ff_gpus, _ignored, _ignored = online(fleet, stream, solver=first_fit, fresh=False)
     ffd_gpus = gpus_placed(ffd, stream)
     return {
         "nodes": size,
@@ -213,8 +213,8 @@ def main(argv=None):
     for e in exact:
         print("exact search, %d nodes on %d fabric%s of 64 (its limit), %d requests: %.0f ms, %s, %d expansions, "
               "%d placed = %.3f x FFD" % (e["nodes"], e["fabrics"], "" if e["fabrics"] == 1 else "s", e["requests"],
-                                         e["ms"], "proven optimal" if e["proven_optimal"] else "budget reached",
-                                         e["expansions"], e["placed"], e["vs_ffd"]))
+                                          e["ms"], "proven optimal" if e["proven_optimal"] else "budget reached",
+                                          e["expansions"], e["placed"], e["vs_ffd"]))
     print("one lookup from the SQLite registry (%d nodes, %d replicas), open + read + solve: %.1f ms mean, %.1f ms max"
           % (lookup["nodes"], lookup["replicas"], lookup["ms_mean"], lookup["ms_max"]))
     if args.json:

@@ -5,6 +5,7 @@ are real files too: copies of the engine with a library or CPU variants removed,
 flag or stops at 400 lines, a program that dies of SIGILL.
 """
 
+import functools
 import hashlib
 import http.server
 import importlib.util
@@ -30,7 +31,7 @@ KVM64_FLAGS = ("fpu vme de pse tsc msr pae mce cx8 apic sep mtrr pge mca cmov pa
 
 def load_lab_script(name):
     spec = importlib.util.spec_from_file_location("engine_" + name, os.path.join(REPO, "tests", "lab", "engine",
-                                                                                name + ".py"))
+                                                                                 name + ".py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -294,7 +295,7 @@ def test_the_role_installs_from_a_url_checked_against_its_sha256(engine, tmp_pat
     served = tmp_path / "served"
     served.mkdir()
     shutil.copy(engine["archive"], str(served))
-    handler = lambda *a, **kw: http.server.SimpleHTTPRequestHandler(*a, directory=str(served), **kw)  # noqa: E731
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(served))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:

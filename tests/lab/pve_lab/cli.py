@@ -182,7 +182,7 @@ def status(paths: LabPaths) -> int:
         say("API server: not answering" + (" (process %s exists)" % pids if pids else " (not running)"))
         return 3
     say("API server: pid %s, backend %s, https://%s:%d/api2/json" % (info["pid"], info["backend"], API_HOST,
-                                                                   API_PORT))
+                                                                     API_PORT))
     try:
         vms = daemon.api_get(paths, "/cluster/resources?type=vm")
     except OSError as err:
@@ -190,7 +190,7 @@ def status(paths: LabPaths) -> int:
         return 1
     for vm in sorted(vms, key=lambda v: v["vmid"]):
         say("  qemu/%-6d %-24s %s%s" % (vm["vmid"], vm["name"], vm["status"], " (template)" if vm["template"]
-                                       else ""))
+                                        else ""))
     say("connection details: %s" % paths.connection_file)
     return 0
 

@@ -81,7 +81,7 @@ def _create_server(paths: LabPaths, ca_cert: x509.Certificate, ca_key) -> None:
     key = ec.generate_private_key(ec.SECP256R1())
     now = _now()
     names = [x509.DNSName(n) for n in SERVER_NAMES] + [x509.IPAddress(ipaddress.ip_address(a))
-                                                        for a in SERVER_ADDRESSES]
+                                                       for a in SERVER_ADDRESSES]
     cert = (x509.CertificateBuilder()
             .subject_name(x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "llmgw lab"),
                                      x509.NameAttribute(NameOID.COMMON_NAME, NODE)]))
@@ -116,7 +116,7 @@ def ensure(paths: LabPaths) -> bool:
     if ca_cert is None or not _fresh(ca_cert):
         ca_cert, ca_key = _create_ca(paths)
         made = True
-    server_cert, _ = _load(paths, paths.server_cert, paths.server_key)
+    server_cert, _ignored = _load(paths, paths.server_cert, paths.server_key)
     if made or server_cert is None or not _fresh(server_cert) or not _issued_by(server_cert, ca_cert):
         _create_server(paths, ca_cert, ca_key)
         made = True

@@ -26,7 +26,7 @@ def test_agent_of_a_stopped_vm(node, vms):
 def test_agent_of_a_vm_without_os_never_answers(node, vms, tasks):
     vmid = vms.create(name="noos", memory=128, agent=1)
     tasks.ok(node.qemu(vmid).status.start.post())
-    for call in (lambda: node.qemu(vmid).agent.ping.post(),
+    for call in (node.qemu(vmid).agent.ping.post,
                  lambda: node.qemu(vmid).agent.exec.post(command=["true"])):
         with pytest.raises(ResourceException) as caught:
             call()

@@ -48,7 +48,7 @@ def test_creating_an_existing_vmid_is_500(http, conn):
     answer = create(http, conn, vmid=vmid)
     assert answer.status_code == 500
     assert answer.reason == "unable to create VM %d - VM %d already exists on node '%s'" % (vmid, vmid,
-                                                                                           conn["pve_node"])
+                                                                                            conn["pve_node"])
     assert answer.json()["data"] is None
 
 

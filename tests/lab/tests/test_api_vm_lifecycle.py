@@ -29,7 +29,7 @@ def test_a_vm_created_from_nothing_is_listed_stopped(api, vms):
     vmid = vms.create(name="listed", memory=128)
     entry = next(e for e in api.cluster.resources.get(type="vm") if e["vmid"] == vmid)
     assert (entry["id"], entry["name"], entry["status"], entry["template"]) == ("qemu/%d" % vmid, "listed",
-                                                                               "stopped", 0)
+                                                                                "stopped", 0)
 
 
 def test_start_and_stop_through_tasks(api, node, vms, tasks):

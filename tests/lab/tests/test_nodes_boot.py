@@ -79,7 +79,7 @@ class Lab:
         argv = ["ssh", "-F", "/dev/null", "-i", self.key, "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes",
                 "-o", "StrictHostKeyChecking=accept-new", "-o", "UserKnownHostsFile=%s" % known_hosts,
                 "-o", "ConnectTimeout=3", "-o", "LogLevel=ERROR", "ops@%s" % ip, command]
-        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
 
     def wait_ssh(self, ip: str, known_hosts: str, deadline_s: float) -> float:
         started = time.monotonic()
@@ -106,7 +106,7 @@ class Lab:
     def host_key(self, node: Dict[str, object]) -> str:
         """The ed25519 host key the node's sshd serves (ssh-keyscan's key field)."""
         out = subprocess.run(["ssh-keyscan", "-T", "5", "-t", "ed25519", node["ip"]], capture_output=True, text=True,
-                             timeout=30).stdout
+                             timeout=30, check=False).stdout
         keys = [line.split()[2] for line in out.splitlines() if line and not line.startswith("#")]
         assert keys, "no host key from %s" % node["ip"]
         return keys[0]

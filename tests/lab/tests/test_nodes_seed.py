@@ -107,7 +107,7 @@ def test_parse_ipconfig():
     ("qemu64", "qemu64,enforce"),
     ("x86-64-v2-AES", "qemu64,+aes,+pni,+popcnt,+sse4.1,+sse4.2,+ssse3,enforce"),
     ("cputype=x86-64-v3,flags=+pdpe1gb;+avx512f", "qemu64,+abm,+aes,+avx,+avx2,+bmi1,+bmi2,+f16c,+fma,+movbe,"
-                                                 "+pdpe1gb,+pni,+popcnt,+sse4.1,+sse4.2,+ssse3,+xsave,+xsaveopt,enforce"),
+     "+pdpe1gb,+pni,+popcnt,+sse4.1,+sse4.2,+ssse3,+xsave,+xsaveopt,enforce"),
 ])
 def test_cpu_argument_follows_pve_and_never_drops_a_flag_silently(cpu, expected):
     # +avx512f is not a flag a VM config may set (PVE refuses it), so it is not passed on

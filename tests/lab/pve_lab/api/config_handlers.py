@@ -161,7 +161,7 @@ def post_config(app: App, p: Dict[str, object], req: Request) -> object:
 
     def work(ctx: TaskContext) -> None:
         ctx.log("update VM %d: %s" % (p["vmid"], " ".join("-%s %s" % (k, v) for k, v in sorted(p.items())
-                                                            if k not in ("node", "vmid", "digest"))))
+                                                          if k not in ("node", "vmid", "digest"))))
         try:
             apply(ctx.warn)
         except ApiError as err:

@@ -37,7 +37,7 @@ def meminfo() -> Dict[str, int]:
     values: Dict[str, int] = {}
     with open("/proc/meminfo") as handle:
         for line in handle:
-            key, _, rest = line.partition(":")
+            key, _ignored, rest = line.partition(":")
             values[key] = int(rest.split()[0]) * 1024
     return values
 

@@ -45,7 +45,7 @@ def _mounts(paths: LabPaths) -> List[str]:
     roots = (paths.lab_dir + os.sep, CACHE_DIR + os.sep, "/run/netns/" + PREFIX)
     with open("/proc/self/mountinfo") as handle:
         for line in handle:
-            left, _, right = line.partition(" - ")
+            left, _ignored, right = line.partition(" - ")
             target = left.split()[4]
             source = right.split()[1] if len(right.split()) > 1 else ""
             if source.startswith(PREFIX + "-") or target.startswith(roots):

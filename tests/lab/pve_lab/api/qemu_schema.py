@@ -311,4 +311,3 @@ def value_type(key: str) -> str:
 
 def is_drive(key: str) -> bool:
     return key in DRIVE_KEYS
-

@@ -40,7 +40,7 @@ class Task:
 
     def status_view(self) -> Dict[str, object]:
         """GET /nodes/{node}/tasks/{upid}/status."""
-        user, _, token = self.user.partition("!")
+        user, _ignored, token = self.user.partition("!")
         view: Dict[str, object] = {"upid": self.upid, "node": self.node, "pid": self.pid, "pstart": self.pstart,
                                    "starttime": self.starttime, "type": self.type, "id": self.id, "user": user,
                                    "status": self.status}

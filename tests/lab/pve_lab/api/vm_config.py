@@ -32,7 +32,7 @@ CLOUDINIT_KEYS = ("ciuser", "cipassword", "citype", "ciupgrade", "cicustom", "ss
 
 
 def random_mac() -> str:
-    return MAC_PREFIX + "".join(":%02X" % random.randint(0, 255) for _ in range(3))
+    return MAC_PREFIX + "".join(":%02X" % random.randint(0, 255) for _ignored in range(3))
 
 
 def with_mac(net: str) -> str:

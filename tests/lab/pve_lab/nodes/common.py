@@ -67,10 +67,11 @@ def run(argv: Sequence[str], check: bool = True, input_text: Optional[str] = Non
         env: Optional[Dict[str, str]] = None) -> subprocess.CompletedProcess:
     """Run a host command, capturing its output; a failure raises LabError with the command's stderr."""
     LOG.debug("run: %s", " ".join(argv))
-    proc = subprocess.run(list(argv), input=input_text, capture_output=True, text=True, timeout=timeout, env=env)
+    proc = subprocess.run(list(argv), input=input_text, capture_output=True, text=True,
+                          timeout=timeout, env=env, check=False)
     if check and proc.returncode != 0:
         raise LabError("%s failed (%d): %s" % (" ".join(argv), proc.returncode,
-                                              (proc.stderr or proc.stdout).strip()[-2000:]))
+                                               (proc.stderr or proc.stdout).strip()[-2000:]))
     return proc
 
 
@@ -215,7 +216,7 @@ def mounts() -> List[Dict[str, str]]:
     result = []
     with open("/proc/self/mountinfo") as handle:
         for line in handle:
-            left, _, right = line.partition(" - ")
+            left, _ignored, right = line.partition(" - ")
             fields = left.split()
             rfields = right.split()
             result.append({

@@ -56,7 +56,7 @@ def start(spec: VMSpec, node_dir: str, template: Template) -> int:
     if wait_gone(proc.pid, 0.3):
         stop(spec.vmid, node_dir)
         raise LabError("systemd-nspawn exited at once for VM %d: see %s" % (spec.vmid,
-                                                                           os.path.join(node_dir, "console.log")))
+                                                                            os.path.join(node_dir, "console.log")))
     return proc.pid
 
 

@@ -145,7 +145,7 @@ def _debootstrap(rootfs: str, log_path: str) -> None:
     argv = ["debootstrap", "--variant=minbase", "--include=" + include, SUITE, rootfs, DEBIAN_URL]
     LOG.info("debootstrap into %s", rootfs)
     with open(log_path, "w") as log:
-        proc = subprocess.run(argv, stdout=log, stderr=log, timeout=1800)
+        proc = subprocess.run(argv, stdout=log, stderr=log, timeout=1800, check=False)
     if proc.returncode != 0:
         with open(log_path) as log:
             tail = log.read()[-3000:]

@@ -32,5 +32,5 @@ def test_timeline_keeps_distinct_states_in_order():
     timeline.record(2.5, first_boot.CLOUD_INIT_RUNNING)
     timeline.record(4.0, first_boot.RESET, "kex_exchange_identification")
     assert [e["state"] for e in timeline.events] == [first_boot.REFUSED, first_boot.CLOUD_INIT_RUNNING,
-                                                   first_boot.RESET]
+                                                     first_boot.RESET]
     assert timeline.last["after_s"] == 4.0

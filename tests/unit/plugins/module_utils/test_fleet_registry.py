@@ -104,12 +104,12 @@ def test_put_node_changes_only_what_differs(registry):
     assert before is None and after["state"] == "pending" and after["free_gpus"] == 8
     again = registry.put_node("node01", fabric="ib-a", gpu_count=8)
     assert again[0] == again[1]
-    _, lost = registry.put_node("node01", state="lost", reasons=["unseen for 60 s"],
+    _ignored, lost = registry.put_node("node01", state="lost", reasons=["unseen for 60 s"],
                                 last_seen="2026-01-02T03:04:05+01:00")
     assert lost["reasons"] == ["unseen for 60 s"] and lost["last_seen"] == "2026-01-02T02:04:05Z"
-    _, ready = registry.put_node("node01", state="ready")
+    _ignored, ready = registry.put_node("node01", state="ready")
     assert ready["reasons"] == [], "a state change without reasons clears the old ones"
-    _, cleared = registry.put_node("node01", address="")
+    _ignored, cleared = registry.put_node("node01", address="")
     assert cleared["address"] is None
     assert [e["event"] for e in registry.events("node01")] == ["registered", "state", "state"]
 
@@ -181,7 +181,7 @@ def test_seed_scenario_through_the_registry(registry):
 def test_place_refusal_is_recorded_as_failed_with_the_reason(registry):
     seed(registry)
     registry.put_replica("huge", model="m", engine="sim", shard_count=3, gpus_per_shard=4)
-    decision, _, after = registry.place("huge")
+    decision, _ignored, after = registry.place("huge")
     assert not decision["placed"]
     assert after["state"] == "failed" and "ib-a has 2 of the 3 nodes it needs" in after["reasons"][0]
     assert after["shards"] == []
@@ -250,7 +250,7 @@ def test_two_processes_placing_at_once_never_share_a_gpu(registry, db):
     writers = [_python(code, db, who) for who in ("left", "right")]
     results = [w.communicate(timeout=300) for w in writers]
     assert [w.returncode for w in writers] == [0, 0], [r[1] for r in results]
-    assert sum(json.loads(out) for out, _ in results) == 32
+    assert sum(json.loads(out) for out, _ignored in results) == 32
     replicas = registry.list_replicas()
     assert len(replicas) == 40
     held = [(s["node"], g) for r in replicas for s in r["shards"] for g in s["gpus"]]

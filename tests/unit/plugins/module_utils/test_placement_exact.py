@@ -29,7 +29,7 @@ def small_case(draw):
 def tied_case(draw):
     """Fleets built to tie: mirrored fabrics, few GPU sizes, GPUs already in use (reserved) so equal free counts
     hide different loads, and CPU-only shards so equal loads hide different shard counts."""
-    layout = [(draw(st.sampled_from([2, 4, 8])), draw(st.integers(0, 8))) for _ in range(draw(st.integers(1, 4)))]
+    layout = [(draw(st.sampled_from([2, 4, 8])), draw(st.integers(0, 8))) for _i in range(draw(st.integers(1, 4)))]
     nodes, replicas = [], []
     for fabric in draw(st.sampled_from([["ib-a"], ["ib-a", "ib-b"], ["ib-a", "ib-b", "ib-c"]])):
         for i, (gpus, used) in enumerate(layout):
@@ -54,7 +54,7 @@ def test_single_placement_is_the_brute_force_optimum(case):
         if expected is None:
             assert not decision.placed
             continue
-        _, fabric, combo = expected
+        _ignored, fabric, combo = expected
         assert decision.placed
         assert (decision.fabric, sorted(s.node for s in decision.shards)) == (fabric, sorted(combo))
         fleet = fleet.apply(decision, request)

@@ -25,7 +25,7 @@ def fleets(draw, max_fabrics=3, max_nodes=5, lost=True, existing=True):
     """A random fleet: fabrics of nodes with random GPUs and states, and existing replicas placed on it while
     every node was ready (so some now sit on lost or draining nodes, and some have a shard gone missing)."""
     nodes = []
-    for _ in range(draw(st.integers(1, max_fabrics))):
+    for _ignored in range(draw(st.integers(1, max_fabrics))):
         fabric = draw(st.sampled_from(["ib-a", "ib-b", "ib-c", "eth"]))
         for i in range(draw(st.integers(1, max_nodes))):
             nodes.append(dict(
@@ -211,7 +211,7 @@ def brute_force_max_placed(fleet, requests):
             return 0
         best = go(i + 1)  # leave requests[i] out
         request = requests[i]
-        for _, combo in list(all_node_sets(fleet, free, request)):
+        for _ignored, combo in list(all_node_sets(fleet, free, request)):
             for name in combo:
                 free[name] -= request.gpus_per_shard
             best = max(best, 1 + go(i + 1))

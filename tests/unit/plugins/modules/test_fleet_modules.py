@@ -45,7 +45,7 @@ def env_for(db):
 def run(path, db, check=False):
     """Run a playbook; return {task name: localhost result}."""
     argv = [os.path.join(BIN, "ansible-playbook"), path, "--diff"] + (["--check"] if check else [])
-    proc = subprocess.run(argv, env=env_for(db), capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(argv, env=env_for(db), capture_output=True, text=True, timeout=300, check=False)
     try:
         report = json.loads(proc.stdout)
     except ValueError:
@@ -99,7 +99,7 @@ def fleet_db(tmp_path_factory):
 def test_1_nodes_check_apply_check_apply(fleet_db, tmp_path):
     tasks = [node_task("node01", "ib-a"), node_task("node02", "ib-a"), node_task("node03", "ib-b"),
              node_task("node04", "ib-b")]
-    check, apply, _, _ = cycle(playbook(tmp_path, tasks), fleet_db)
+    check, apply, _ignored, _ignored = cycle(playbook(tmp_path, tasks), fleet_db)
     assert all(changed(apply).values())
     assert check["node01"]["diff"]["before"] == {}
     assert check["node01"]["diff"]["after"]["fabric"] == "ib-a"
@@ -118,11 +118,11 @@ def test_2_replicas_placed_in_the_module(fleet_db, tmp_path):
             "name": "coder-b", "model": "tiny", "engine": "sim", "shards": 2, "gpus_per_shard": 4,
             "fabric": "ib-b", "port": 8080, "place": True}},
     ]
-    check, apply, second_check, _ = cycle(playbook(tmp_path, tasks), fleet_db)
+    check, apply, second_check, _ignored = cycle(playbook(tmp_path, tasks), fleet_db)
     for name, nodes in (("coder-a", ["node01", "node02"]), ("coder-b", ["node03", "node04"])):
         shards = apply[name]["replica"]["shards"]
         assert [(s["rank"], s["node"], s["gpus"]) for s in shards] == [(0, nodes[0], [0, 1, 2, 3]),
-                                                                        (1, nodes[1], [0, 1, 2, 3])]
+                                                                       (1, nodes[1], [0, 1, 2, 3])]
         assert check[name]["decision"]["shards"] == [{k: s[k] for k in ("rank", "node", "gpus")} for s in shards]
         assert apply[name]["replica"]["leader"] == nodes[0]
         assert "decision" not in second_check[name], "a placed replica is not placed again"
@@ -140,12 +140,12 @@ def test_3_an_assignment_that_breaks_an_invariant_fails_and_records_nothing(flee
 
 def test_4_node_loss_then_repair_moves_the_replica(fleet_db, tmp_path):
     lose = [node_task("node02", "ib-a", status="lost", reasons=["unseen for 60 s"])]
-    check, apply, _, _ = cycle(playbook(tmp_path, lose, "lose.yml"), fleet_db)
+    check, apply, _ignored, _ignored = cycle(playbook(tmp_path, lose, "lose.yml"), fleet_db)
     assert apply["node02"]["node"]["state"] == "lost"
     assert (check["node02"]["diff"]["before"]["state"], check["node02"]["diff"]["after"]["state"]) == ("ready", "lost")
     repair = [{"name": "repair coder-a", "llmgw.fleet.fleet_replica": {
         "name": "coder-a", "fabric": "", "repair": True}}]
-    check, apply, second_check, _ = cycle(playbook(tmp_path, repair, "repair.yml"), fleet_db)
+    check, apply, second_check, _ignored = cycle(playbook(tmp_path, repair, "repair.yml"), fleet_db)
     decision = apply["repair coder-a"]["decision"]
     assert check["repair coder-a"]["decision"] == decision
     assert (decision["action"], decision["fabric"]) == ("move", "ib-b")
@@ -214,7 +214,7 @@ def test_7_lookup_reads_the_registry_or_a_fleet_passed_in(fleet_db, tmp_path):
     results = run(playbook(tmp_path, tasks), fleet_db)
     small = results["from registry"]["ansible_facts"]["answer"]
     assert (small["action"], small["shards"]) == ("place", [{"rank": 0, "node": "node01", "gpus": [0, 1, 2, 3],
-                                                              "address": "10.77.0.11"}])
+                                                             "address": "10.77.0.11"}])
     kept = results["kept"]["ansible_facts"]["answer"]
     assert kept["action"] == "keep" and [s["node"] for s in kept["shards"]] == ["node03", "node04"]
     passed = results["passed in"]["ansible_facts"]["answer"]
@@ -227,6 +227,6 @@ def test_7_lookup_reads_the_registry_or_a_fleet_passed_in(fleet_db, tmp_path):
 
 def test_8_removing_a_replica_returns_its_shards_to_stop(fleet_db, tmp_path):
     tasks = [{"name": "remove", "llmgw.fleet.fleet_replica": {"name": "coder-b", "state": "absent"}}]
-    check, apply, _, _ = cycle(playbook(tmp_path, tasks), fleet_db)
+    check, apply, _ignored, _ignored = cycle(playbook(tmp_path, tasks), fleet_db)
     assert [s["node"] for s in apply["remove"]["reaped_shards"]] == ["node03", "node04"]
     assert check["remove"]["reaped_shards"] == apply["remove"]["reaped_shards"]
