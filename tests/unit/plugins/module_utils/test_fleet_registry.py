@@ -105,7 +105,7 @@ def test_put_node_changes_only_what_differs(registry):
     again = registry.put_node("node01", fabric="ib-a", gpu_count=8)
     assert again[0] == again[1]
     _ignored, lost = registry.put_node("node01", state="lost", reasons=["unseen for 60 s"],
-                                last_seen="2026-01-02T03:04:05+01:00")
+                                       last_seen="2026-01-02T03:04:05+01:00")
     assert lost["reasons"] == ["unseen for 60 s"] and lost["last_seen"] == "2026-01-02T02:04:05Z"
     _ignored, ready = registry.put_node("node01", state="ready")
     assert ready["reasons"] == [], "a state change without reasons clears the old ones"
