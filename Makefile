@@ -9,11 +9,12 @@ export ANSIBLE_COLLECTIONS_PATH := $(COLLECTIONS)
 export PYTHONPATH := $(CURDIR)/tests/lab
 LAB := $(PY) -m pve_lab
 
-.PHONY: help venv system-deps collection demo test lint sanity units lab-up lab-down lab-status bench clean
+.PHONY: help venv system-deps collection demo test lint sanity units docs lab-up lab-down lab-status bench clean
 
 help:
 	@echo "make demo     - bring the lab up and run the main job on it"
-	@echo "make test     - the whole suite (lint, sanity, units, lab, end-to-end), with a time summary"
+	@echo "make test     - the whole suite (lint, sanity, units, docs, lab, end-to-end), with a time summary"
+	@echo "make lint | sanity | units | docs - one quality gate (units: ansible-test units; docs: antsibull-docs, ansible-doc)"
 	@echo "make bench    - figures that show the collection is worth it (make bench QUICK=1 for a smoke run)"
 	@echo "make lab-up | lab-down | lab-status"
 
@@ -59,6 +60,9 @@ sanity: venv
 
 units: venv collection
 	$(PY) tests/suite.py --only units
+
+docs: venv collection
+	$(PY) tests/suite.py --only docs
 
 bench: venv system-deps collection
 	$(PY) tests/bench/run.py $(if $(QUICK),--quick,)

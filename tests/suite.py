@@ -1,10 +1,11 @@
 """`make test`: every stage of the suite in order, the lab torn down whatever happens, a time summary at the end.
 
-The last line is the plain closing line CI reads ("suite: N passed, N failed, N skipped"), counted from the
-pytest stage's JUnit report and failing stages.
+The last line is the plain closing line CI reads ("suite: N passed, N failed, N skipped"), counted from the JUnit
+reports of the stages that run tests (ansible-test units, ansible-doc, pytest) and the other stages that failed.
 """
 
 import argparse
+import glob
 import os
 import shutil
 import subprocess
@@ -18,6 +19,8 @@ PY = os.path.join(BIN, "python")
 # Outside the repository: inside it, ansible-test would ask git for the files and find .build/ ignored.
 SANITY_ROOT = os.path.join("/tmp", "llmgw-fleet-sanity", "ansible_collections", "llmgw", "fleet")
 JUNIT = os.path.join(REPO, ".build", "pytest-junit.xml")
+# Every stage that runs tests leaves its JUnit report here; the closing line counts them all.
+JUNIT_DIR = os.path.join(REPO, ".build", "junit")
 GET_PIP_CACHE = os.path.expanduser("~/.ansible/test/cache/get_pip_24_2.py")
 
 
@@ -36,8 +39,8 @@ def stage_lint():
     return max(run(argv) for argv in checks)
 
 
-def stage_sanity():
-    """ansible-test wants the collection at ansible_collections/NS/NAME: sanity runs on a copy of the tree."""
+def copy_collection():
+    """ansible-test wants the collection at ansible_collections/NS/NAME: it runs on a copy of the tree."""
     shutil.rmtree(SANITY_ROOT, ignore_errors=True)
     os.makedirs(SANITY_ROOT)
     files = subprocess.check_output(
@@ -50,11 +53,46 @@ def stage_sanity():
             shutil.copy2(src, dst)
     os.makedirs(os.path.dirname(GET_PIP_CACHE), exist_ok=True)
     shutil.copy(os.path.join(REPO, "tests", "tools", "ansible_test_get_pip.py"), GET_PIP_CACHE)
-    return run([os.path.join(BIN, "ansible-test"), "sanity", "--local", "--python", "3.11", "--color", "no"],
-               cwd=SANITY_ROOT)
 
 
-PYTEST_PATHS = ["tests/unit", "tests/examples", "tests/lab/tests", "tests/e2e"]
+def ansible_test(command):
+    """ansible-test COMMAND on a fresh copy, with the venv's Python and packages (no requirements installed)."""
+    copy_collection()
+    env = dict(os.environ)
+    # The copy is the collection ansible-test tests; the repository's own link must not shadow it.
+    env.pop("ANSIBLE_COLLECTIONS_PATH", None)
+    argv = [os.path.join(BIN, "ansible-test"), command, "--local", "--python", "3.11", "--color", "no"]
+    print("+ " + " ".join(argv), flush=True)
+    return subprocess.call(argv, cwd=SANITY_ROOT, env=env)
+
+
+def stage_sanity():
+    return ansible_test("sanity")
+
+
+def stage_units():
+    """The unit tests under tests/unit/plugins/ as ansible-test runs them: modules and module_utils tests apart
+    from controller code, each test in a forked process, on pytest-xdist workers."""
+    rc = ansible_test("units")
+    for report in glob.glob(os.path.join(SANITY_ROOT, "tests", "output", "junit", "*-units.xml")):
+        shutil.copy(report, os.path.join(JUNIT_DIR, "ansible-test-" + os.path.basename(report)))
+    return rc
+
+
+def stage_antsibull_docs():
+    """antsibull-docs' own lint of the plugin and role documentation (what docs.ansible.com would render)."""
+    return run([os.path.join(BIN, "antsibull-docs"), "lint-collection-docs", "--plugin-docs", "."])
+
+
+def stage_ansible_doc():
+    """`ansible-doc llmgw.fleet.<each plugin>` (and each role) renders completely."""
+    return run([PY, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--junitxml", os.path.join(JUNIT_DIR, "docs.xml"),
+                os.path.join("tests", "examples", "test_ansible_doc.py")])
+
+
+# tests/unit runs in the ansible-test units stage, tests/examples/test_ansible_doc.py in the docs stage.
+PYTEST_ARGS = ["tests/examples", "tests/lab/tests", "tests/e2e",
+                "--ignore", os.path.join("tests", "examples", "test_ansible_doc.py")]
 
 
 def stage_engine_build():
@@ -74,36 +112,47 @@ def stage_lab_down():
 
 
 def junit_counts():
-    if not os.path.exists(JUNIT):
-        return 0, 0, 0
-    suites = ET.parse(JUNIT).getroot().iter("testsuite")
+    """(passed, failed, skipped) over every JUnit report the stages left."""
     total = failed = skipped = 0
-    for suite in suites:
-        total += int(suite.get("tests", 0))
-        failed += int(suite.get("failures", 0)) + int(suite.get("errors", 0))
-        skipped += int(suite.get("skipped", 0))
+    for report in [JUNIT] + sorted(glob.glob(os.path.join(JUNIT_DIR, "*.xml"))):
+        if not os.path.exists(report):
+            continue
+        for suite in ET.parse(report).getroot().iter("testsuite"):
+            total += int(suite.get("tests", 0))
+            failed += int(suite.get("failures", 0)) + int(suite.get("errors", 0))
+            skipped += int(suite.get("skipped", 0))
     return total - failed - skipped, failed, skipped
 
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--only", choices=["lint", "sanity", "units"])
+    parser.add_argument("--only", choices=["lint", "sanity", "units", "docs", "pytest-units"])
     args = parser.parse_args()
     os.environ["PYTHONPATH"] = os.path.join(REPO, "tests", "lab")
     os.environ["ANSIBLE_COLLECTIONS_PATH"] = os.path.join(REPO, ".build", "collections")
+    # Tools that call other tools by name (antsibull-docs runs ansible-galaxy and ansible-doc) find the venv's.
+    os.environ["PATH"] = BIN + os.pathsep + os.environ.get("PATH", "")
     if os.path.exists(JUNIT):
         os.remove(JUNIT)
+    shutil.rmtree(JUNIT_DIR, ignore_errors=True)
+    os.makedirs(JUNIT_DIR)
 
     stages = {
         "lint": [("lint", stage_lint)],
         "sanity": [("sanity", stage_sanity)],
-        "units": [("units", lambda: stage_pytest(["tests/unit"]))],
+        "units": [("ansible-test units", stage_units)],
+        "docs": [("antsibull-docs lint", stage_antsibull_docs),
+                 ("ansible-doc renders every plugin", stage_ansible_doc)],
+        "pytest-units": [("pytest units", lambda: stage_pytest(["tests/unit"]))],
     }.get(args.only) or [
         ("lint", stage_lint),
         ("sanity", stage_sanity),
+        ("ansible-test units", stage_units),
+        ("antsibull-docs lint", stage_antsibull_docs),
+        ("ansible-doc renders every plugin", stage_ansible_doc),
         ("lab up", stage_lab_up),
         ("engine build (cached per machine)", stage_engine_build),
-        ("pytest (units, lab, end-to-end)", lambda: stage_pytest(PYTEST_PATHS)),
+        ("pytest (examples, lab, end-to-end)", lambda: stage_pytest(PYTEST_ARGS)),
     ]
 
     results = []
@@ -123,7 +172,9 @@ def main():
         print("  {:<40} {:>7.1f} s  {}".format(name, seconds, "ok" if rc == 0 else f"FAILED (rc {rc})"))
     failed_stages = [name for name, rc, _ignored in results if rc != 0]
     passed, failed, skipped = junit_counts()
-    non_pytest_failures = len([n for n in failed_stages if not n.startswith("pytest")])
+    # A stage whose tests failed is counted by its tests; one that failed otherwise (a linter) counts once.
+    test_stages = ("pytest", "ansible-test units", "ansible-doc")
+    non_pytest_failures = len([n for n in failed_stages if not n.startswith(test_stages)])
     print(f"suite: {passed} passed, {failed + non_pytest_failures} failed, {skipped} skipped")
     return 1 if failed_stages else 0
 

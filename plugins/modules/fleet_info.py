@@ -16,6 +16,9 @@ description:
     empty fleet and is not created; one written by an older version of the collection is migrated on open, as
     by any other use).
   - Run it on the controller (set C(delegate_to) to C(localhost), or use a play on C(localhost)).
+extends_documentation_fragment:
+  - llmgw.fleet.attributes
+  - llmgw.fleet.attributes.INFO_MODULE
 author:
   - llmgw.fleet developers (@llmgw)
 options:

@@ -27,6 +27,7 @@ description:
 version_added: 0.1.0
 author: llmgw.fleet developers (@llmgw)
 extends_documentation_fragment:
+  - llmgw.fleet.attributes
   - llmgw.fleet.proxmox
   - llmgw.fleet.proxmox.ACTIONGROUP_PROXMOX
 options:
@@ -147,11 +148,9 @@ seealso:
   - module: llmgw.fleet.wait_for_node
 attributes:
   check_mode:
-    description: Can run in check mode and return changed status prediction without modifying target.
     support: full
     details: Reads everything a real run reads and predicts the same changes and diff without writing.
   diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in check mode), when in diff mode.
     support: full
     details: The diff lists every config key, the power state and the VM's existence that differ.
 """

@@ -13,6 +13,8 @@ description:
 version_added: 0.1.0
 author: llmgw.fleet developers (@llmgw)
 extends_documentation_fragment:
+  - llmgw.fleet.attributes
+  - llmgw.fleet.attributes.INFO_MODULE
   - llmgw.fleet.proxmox
   - llmgw.fleet.proxmox.ACTIONGROUP_PROXMOX
 options:
@@ -29,14 +31,6 @@ options:
     description: Add each VM's whole config (as PVE returns it, C(sshkeys) still URL-encoded) under C(config).
     type: bool
     default: false
-attributes:
-  check_mode:
-    description: Can run in check mode and return changed status prediction without modifying target.
-    support: full
-    details: Reads only.
-  diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in check mode), when in diff mode.
-    support: none
 """
 
 EXAMPLES = r"""

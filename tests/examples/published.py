@@ -44,6 +44,15 @@ class LineLoader(yaml.SafeLoader):
         return mapping
 
 
+def _ansible_tagged_string(loader, node):
+    return loader.construct_scalar(node)
+
+
+# Ansible's own YAML tags: an inline vaulted value and a string never templated.
+LineLoader.add_constructor("!vault", _ansible_tagged_string)
+LineLoader.add_constructor("!unsafe", _ansible_tagged_string)
+
+
 def load_yaml(text, path, first_line):
     """(data, problems): YAML parsed with line marks, or the problem with its file line."""
     try:
@@ -111,6 +120,8 @@ def untemplated(args, spec):
 def check_module_args(path, line, module, args, documented):
     if module not in documented:
         return [Problem(path, line, "{}{} is not a module of this collection".format(FQCN_PREFIX, module))]
+    if documented[module] is None:
+        return [Problem(path, line, "ansible-doc cannot load the documentation of {}{}".format(FQCN_PREFIX, module))]
     if not isinstance(args, dict):
         return [Problem(path, line, "{}{} takes its arguments as a mapping".format(FQCN_PREFIX, module))]
     spec = argument_spec(documented[module])
@@ -145,14 +156,24 @@ def check_tasks(path, first_line, data, documented):
 
 
 def documented_modules(root=REPO):
-    """{module: options} as ansible-doc renders them, documentation fragments merged in."""
+    """{module: options} as ansible-doc renders them, documentation fragments merged in; None for a module whose
+    documentation ansible-doc cannot load (each example using it then says so, and the other checks still run)."""
     names = sorted(os.path.basename(p)[:-3] for p in glob.glob(os.path.join(root, "plugins", "modules", "*.py")))
     if not names:
         return {}
+    rendered = _ansible_doc_json(names)
+    if rendered is None:
+        rendered = {}
+        for name in names:
+            rendered.update(_ansible_doc_json([name]) or {FQCN_PREFIX + name: None})
+    return {fqcn[len(FQCN_PREFIX):]: None if entry is None else (entry.get("doc") or {}).get("options") or {}
+            for fqcn, entry in rendered.items()}
+
+
+def _ansible_doc_json(names):
     result = subprocess.run([tool("ansible-doc"), "-t", "module", "--json"] + [FQCN_PREFIX + n for n in names],
-                            capture_output=True, text=True, env=ansible_env(), check=True)
-    rendered = json.loads(result.stdout)
-    return {fqcn[len(FQCN_PREFIX):]: (entry.get("doc") or {}).get("options") or {} for fqcn, entry in rendered.items()}
+                            capture_output=True, text=True, env=ansible_env(), check=False)
+    return json.loads(result.stdout) if result.returncode == 0 else None
 
 
 def sidecar_blocks(path):
@@ -227,6 +248,36 @@ def check_markdown_file(path, documented):
     return problems
 
 
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+# A repository path named in code in prose: plugins/..., roles/..., tests/..., docs/..., ending in a file name.
+CODE_PATH = re.compile(r"`((?:plugins|roles|playbooks|tests|docs|inventories|requirements)/[\w./-]*\w)`")
+
+
+def check_markdown_links(path):
+    """Relative links must lead to a file of the repository, and repository paths named in code must exist: a
+    page that points at a file nobody wrote is a guess too."""
+    problems = []
+    with open(path) as handle:
+        lines = handle.read().splitlines()
+    in_fence = False
+    for number, line in enumerate(lines, start=1):
+        if line.startswith("```"):
+            in_fence = not in_fence
+            continue
+        if in_fence:
+            continue
+        for target in LINK.findall(line):
+            if re.match(r"^[a-z]+:", target) or target.startswith("#"):
+                continue
+            resolved = os.path.normpath(os.path.join(os.path.dirname(path), target.split("#")[0]))
+            if not os.path.exists(resolved):
+                problems.append(Problem(path, number, "link to {}, which does not exist".format(target)))
+        for named in CODE_PATH.findall(line):
+            if "*" not in named and not os.path.exists(os.path.join(REPO, named)):
+                problems.append(Problem(path, number, "names {}, which does not exist".format(named)))
+    return problems
+
+
 # ---- playbooks, inventories, roles -----------------------------------------------------------------------------
 
 def ansible_env():
@@ -269,15 +320,19 @@ def check_role(role_dir):
         specs, problems = load_yaml(handle.read(), spec_path, 1)
     if specs is None:
         return problems
-    entry = strip_lines(specs).get("argument_specs", {}).get("main")
-    if entry is None:
+    entry_points = strip_lines(specs).get("argument_specs", {})
+    if "main" not in entry_points:
         return [Problem(spec_path, 1, "no argument_specs.main entry point")]
     defaults_path = os.path.join(role_dir, "defaults", "main.yml")
     defaults = {}
     if os.path.exists(defaults_path):
         with open(defaults_path) as handle:
             defaults = yaml.safe_load(handle) or {}
-    spec = argument_spec(entry.get("options"))
+    # defaults/main.yml serves every entry point (main, and tasks_from ones such as timer): an option is declared
+    # when some entry point declares it.
+    spec = {}
+    for entry in entry_points.values():
+        spec.update(argument_spec((entry or {}).get("options")))
     for name in sorted(set(defaults) - set(spec)):
         problems.append(Problem(defaults_path, 1, "default {} is not declared in meta/argument_specs.yml".format(name)))
     for name in sorted(spec):

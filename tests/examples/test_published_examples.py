@@ -28,6 +28,11 @@ def test_markdown_snippets(path):
     assert_clean(published.check_markdown_file(path, DOCUMENTED))
 
 
+@pytest.mark.parametrize("path", FILES["markdown"], ids=ids(FILES["markdown"]))
+def test_markdown_links_and_named_paths_exist(path):
+    assert_clean(published.check_markdown_links(path))
+
+
 @pytest.mark.parametrize("path", FILES["playbooks"], ids=ids(FILES["playbooks"]))
 def test_playbooks(path):
     assert_clean(published.check_playbook(path, DOCUMENTED))
@@ -61,3 +66,11 @@ def test_broken_markdown_is_caught_with_file_and_line():
     assert any(p.startswith("tests/examples/fixtures/broken.md:7: YAML does not parse") for p in problems), problems
     assert any(p.startswith("tests/examples/fixtures/broken.md:11: llmgw.fleet.wait_for_node") for p in problems)
     assert any(p.startswith("tests/examples/fixtures/broken.md:18: shell does not parse") for p in problems)
+
+
+def test_broken_link_and_missing_path_are_caught_with_file_and_line():
+    problems = [str(p) for p in published.check_markdown_links(os.path.join(FIXTURES, "broken.md"))]
+    assert problems == [
+        "tests/examples/fixtures/broken.md:21: link to no-such-page.md, which does not exist",
+        "tests/examples/fixtures/broken.md:22: names plugins/module_utils/no_such_core.py, which does not exist",
+    ], problems

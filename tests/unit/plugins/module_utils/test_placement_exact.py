@@ -3,7 +3,6 @@ batch search places as many replicas as any assignment can."""
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_placement_support import brute_force_max_placed, brute_force_place, fleets, requests
 
 from ansible_collections.llmgw.fleet.plugins.module_utils.placement import (
     Fleet,
@@ -14,6 +13,12 @@ from ansible_collections.llmgw.fleet.plugins.module_utils.placement import (
     first_fit_decreasing,
     place,
     plan,
+)
+from ansible_collections.llmgw.fleet.tests.unit.plugins.module_utils.test_placement_support import (
+    brute_force_max_placed,
+    brute_force_place,
+    fleets,
+    requests,
 )
 
 SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

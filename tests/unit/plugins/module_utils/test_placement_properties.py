@@ -5,7 +5,6 @@ import random
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_placement_support import check_invariants, fleets, own_fabric, requests, requests_by_name, survivors
 
 from ansible_collections.llmgw.fleet.plugins.module_utils.placement import (
     Fleet,
@@ -15,6 +14,14 @@ from ansible_collections.llmgw.fleet.plugins.module_utils.placement import (
     place,
     plan,
     repair,
+)
+from ansible_collections.llmgw.fleet.tests.unit.plugins.module_utils.test_placement_support import (
+    check_invariants,
+    fleets,
+    own_fabric,
+    requests,
+    requests_by_name,
+    survivors,
 )
 
 SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -2,11 +2,14 @@
 run for real through ansible-playbook / ansible-inventory against a registry file: check -> apply -> check ->
 apply, where check must change nothing and predict what apply does, and the second apply must change nothing."""
 
+import atexit
 import json
 import os
+import shutil
 import sqlite3
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -37,9 +40,12 @@ def playbook(tmp_path, tasks, name="play.yml"):
 
 
 def env_for(db):
-    return dict(os.environ, ANSIBLE_COLLECTIONS_PATH=COLLECTIONS, ANSIBLE_STDOUT_CALLBACK="ansible.posix.json",
-                LLMGW_FLEET_DB=db, ANSIBLE_NOCOLOR="1", ANSIBLE_LOCALHOST_WARNING="0",
-                ANSIBLE_INVENTORY_UNPARSED_WARNING="0")
+    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=COLLECTIONS, ANSIBLE_STDOUT_CALLBACK="ansible.posix.json",
+               LLMGW_FLEET_DB=db, ANSIBLE_NOCOLOR="1", ANSIBLE_LOCALHOST_WARNING="0",
+               ANSIBLE_INVENTORY_UNPARSED_WARNING="0")
+    # ansible-test units points PYTHONPATH at a copy of ansible holding only module_utils; the CLI needs all of it.
+    env.pop("PYTHONPATH", None)
+    return env
 
 
 def run(path, db, check=False):
@@ -90,10 +96,16 @@ def cycle(path, db):
     return first_check, first_apply, second_check, second_apply
 
 
+# Made when the module is imported, not in a fixture: ansible-test units sets fixtures up in a fork per test, where
+# a fresh temporary directory (and pytest's base directory, re-created by every child) would lose the registry.
+REGISTRY_DIR = tempfile.mkdtemp(prefix="llmgw-test-fleet-modules-")
+atexit.register(shutil.rmtree, REGISTRY_DIR, True)
+
+
 @pytest.fixture(scope="module")
-def fleet_db(tmp_path_factory):
+def fleet_db():
     """One registry the tests below build up in order: nodes, replicas, a node loss, the repair."""
-    return str(tmp_path_factory.mktemp("fleet") / "state" / "fleet.db")
+    return os.path.join(REGISTRY_DIR, "state", "fleet.db")
 
 
 def test_1_nodes_check_apply_check_apply(fleet_db, tmp_path):
@@ -150,7 +162,8 @@ def test_4_node_loss_then_repair_moves_the_replica(fleet_db, tmp_path):
     assert check["repair coder-a"]["decision"] == decision
     assert (decision["action"], decision["fabric"]) == ("move", "ib-b")
     assert apply["repair coder-a"]["reaped_shards"] == [
-        {"rank": 0, "node": "node01", "gpus": [0, 1, 2, 3], "address": "10.77.0.11"}]
+        {"rank": 0, "node": "node01", "gpus": [0, 1, 2, 3], "address": "10.77.0.11",
+         "unit": "llmgw-shard-coder-a-0.service"}]
     assert [(s["node"], s["gpus"]) for s in apply["repair coder-a"]["replica"]["shards"]] == [
         ("node03", [4, 5, 6, 7]), ("node04", [4, 5, 6, 7])]
     assert second_check["repair coder-a"]["decision"]["action"] == "keep"
