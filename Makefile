@@ -9,7 +9,7 @@ export ANSIBLE_COLLECTIONS_PATH := $(COLLECTIONS)
 export PYTHONPATH := $(CURDIR)/tests/lab
 LAB := $(PY) -m pve_lab
 
-.PHONY: help venv system-deps collection demo test lint sanity units docs lab-up lab-down lab-status bench clean
+.PHONY: help venv system-deps collection demo test lint sanity units docs molecule lab-up lab-down lab-status bench clean
 
 help:
 	@echo "make demo     - bring the lab up and run the main job on it"
@@ -63,6 +63,9 @@ units: venv collection
 
 docs: venv collection
 	$(PY) tests/suite.py --only docs
+
+molecule: venv collection
+	$(PY) tests/suite.py --only molecule
 
 bench: venv system-deps collection
 	$(PY) tests/bench/run.py $(if $(QUICK),--quick,)

@@ -107,6 +107,10 @@ def stage_pytest(paths):
     return run([PY, "-m", "pytest", "-p", "no:cacheprovider", "--junitxml", JUNIT, "-ra"] + paths)
 
 
+def stage_molecule():
+    return run([PY, os.path.join("tests", "molecule", "run.py")])
+
+
 def stage_lab_down():
     return run([PY, "-m", "pve_lab", "down", "--verify"])
 
@@ -126,7 +130,7 @@ def junit_counts():
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--only", choices=["lint", "sanity", "units", "docs", "pytest-units"])
+    parser.add_argument("--only", choices=["lint", "sanity", "units", "docs", "pytest-units", "molecule"])
     args = parser.parse_args()
     os.environ["PYTHONPATH"] = os.path.join(REPO, "tests", "lab")
     os.environ["ANSIBLE_COLLECTIONS_PATH"] = os.path.join(REPO, ".build", "collections")
@@ -144,6 +148,7 @@ def main():
         "docs": [("antsibull-docs lint", stage_antsibull_docs),
                  ("ansible-doc renders every plugin", stage_ansible_doc)],
         "pytest-units": [("pytest units", lambda: stage_pytest(["tests/unit"]))],
+        "molecule": [("molecule scenarios (lab VMs)", stage_molecule)],
     }.get(args.only) or [
         ("lint", stage_lint),
         ("sanity", stage_sanity),
@@ -153,6 +158,7 @@ def main():
         ("lab up", stage_lab_up),
         ("engine build (cached per machine)", stage_engine_build),
         ("pytest (examples, lab, end-to-end)", lambda: stage_pytest(PYTEST_ARGS)),
+        ("molecule scenarios (lab VMs)", stage_molecule),
     ]
 
     results = []
