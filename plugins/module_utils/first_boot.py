@@ -17,8 +17,16 @@ CLOUD_INIT_RUNNING = "ssh works, cloud-init still running"
 CLOUD_INIT_ERROR = "cloud-init finished with an error"
 READY = "ssh works and cloud-init is done"
 UNKNOWN = "unexpected ssh failure"
+KEY_CHANGED = "ssh banner but the node offers a host key other than the one read through the hypervisor"
+VM_NOT_RUNNING = "the VM is not running (seen through the hypervisor)"
+AGENT_NOT_ANSWERING = "the guest agent does not answer yet (the VM is booting, or qemu-guest-agent is missing)"
+AGENT_CLOUD_INIT_RUNNING = "cloud-init still running (seen through the guest agent)"
+AGENT_READY = "cloud-init is done (seen through the guest agent)"
+AGENT_FAILED = "the guest agent call failed"
 
 _SSH_ERRORS = (
+    ("REMOTE HOST IDENTIFICATION HAS CHANGED", KEY_CHANGED),
+    ("Host key verification failed", KEY_CHANGED),
     ("No route to host", NO_ROUTE),
     ("Network is unreachable", NO_ROUTE),
     ("Connection refused", REFUSED),
@@ -49,6 +57,19 @@ def classify(rc, stdout, stderr):
     if status in ("error", "degraded done", "degraded"):
         return CLOUD_INIT_ERROR
     return UNKNOWN
+
+
+def classify_agent_status(exitcode, stdout):
+    """`cloud-init status` run through the guest agent: AGENT_READY, AGENT_CLOUD_INIT_RUNNING, CLOUD_INIT_ERROR
+    or UNKNOWN (the agent has no ssh stage, so only the status line counts)."""
+    state = classify(exitcode if exitcode != 255 else 1, stdout, "")
+    return {READY: AGENT_READY, CLOUD_INIT_RUNNING: AGENT_CLOUD_INIT_RUNNING}.get(state, state)
+
+
+def timeout_message(name, address, timeout, last):
+    """What a wait that ran out says: the node, how long, and the last state seen (with its detail)."""
+    detail = " ({})".format(last["detail"]) if last.get("detail") else ""
+    return "{} ({}) was not ready after {} s; last seen: {}{}".format(name, address, timeout, last["state"], detail)
 
 
 class Timeline:

@@ -37,6 +37,49 @@ def fingerprint(key_line):
     return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
 
 
+class BadPublicKey(ValueError):
+    """Text that is not an OpenSSH public key line."""
+
+
+def _wire_strings(blob):
+    """The SSH wire-format strings a key blob consists of; None when they do not fill it exactly (a cut key)."""
+    strings = []
+    offset = 0
+    while offset < len(blob):
+        length = int.from_bytes(blob[offset:offset + 4], "big")
+        if offset + 4 + length > len(blob):
+            return None
+        strings.append(blob[offset + 4:offset + 4 + length])
+        offset += 4 + length
+    return strings
+
+
+def public_key(text, keytype="ssh-ed25519"):
+    """'TYPE BASE64' from the contents of a host's ``ssh_host_*_key.pub`` (as read through the guest agent).
+
+    Raises BadPublicKey when the text holds no key of ``keytype`` (None: of any type) or its blob does not decode
+    to that type."""
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) >= 2 and not fields[0].startswith("#") and fields[0] == (keytype or fields[0]):
+            keytype = fields[0]
+            try:
+                blob = base64.b64decode(fields[1], validate=True)
+            except (ValueError, TypeError):
+                break
+            strings = _wire_strings(blob)
+            if strings and strings[0] == keytype.encode():
+                return "{} {}".format(fields[0], fields[1])
+            break
+    raise BadPublicKey("not an {} public key: {!r}".format(keytype or "OpenSSH", text.strip()[:120]))
+
+
+def known_hosts_line(name, offered_key):
+    """The line filed for ``name`` (ssh's HostKeyAlias) with the key 'TYPE BASE64'."""
+    keytype, blob = offered_key.split()[:2]
+    return f"{name} {keytype} {blob}\n"
+
+
 def parse_known_hosts(text):
     """{host pattern: [(keytype, base64)]} for plain (unhashed) entries; comments and markers are skipped."""
     entries = {}
@@ -61,9 +104,8 @@ def decide(known_text, name, offered_key, known_hosts_path="known_hosts"):
 
 
 def add_entry(known_text, name, offered_key):
-    keytype, blob = offered_key.split()[:2]
     prefix = known_text if not known_text or known_text.endswith("\n") else known_text + "\n"
-    return prefix + f"{name} {keytype} {blob}\n"
+    return prefix + known_hosts_line(name, offered_key)
 
 
 def remove_entries(known_text, name):

@@ -23,6 +23,7 @@ from ansible_collections.llmgw.fleet.plugins.module_utils.proxmox_errors import 
     Timeout,
     TLSVerificationFailed,
     classify,
+    classify_agent,
 )
 
 try:
@@ -340,6 +341,60 @@ class ProxmoxClient:
     def delete_vm(self, node, vmid, timeout):
         upid = self.delete(self._vm_path(node, vmid), purge=1, **{"destroy-unreferenced-disks": 1})
         return self._run_task(upid, timeout)
+
+    # ----------------------------------------------------------------------------------------- guest agent
+
+    def _agent_call(self, method, node, vmid, endpoint, **params):
+        """One ``agent/*`` call; its failure typed as AgentNotConfigured, VMNotRunning or AgentNotRunning."""
+        try:
+            return self._call(method, self._vm_path(node, vmid, "agent", endpoint), **params)
+        except ProxmoxError as exc:
+            typed = classify_agent(exc)
+            if typed is exc:
+                raise
+            raise typed
+
+    def agent_ping(self, node, vmid):
+        """Returns when the agent answers; raises AgentNotConfigured, VMNotRunning or AgentNotRunning."""
+        self._agent_call("post", node, vmid, "ping")
+
+    def agent_exec(self, node, vmid, argv, timeout, input_data=None):
+        """Run ``argv`` in the guest and wait for it: ``{"exitcode": int, "out": str, "err": str}``.
+
+        Timeout when it has not exited after ``timeout`` seconds (the guest process is left running)."""
+        params = {"command": [str(a) for a in argv]}
+        if input_data is not None:
+            params["input-data"] = input_data
+        pid = int((self._agent_call("post", node, vmid, "exec", **params) or {})["pid"])
+        deadline = self._clock() + timeout
+        delay = 0.1
+        while True:
+            status = self._agent_call("get", node, vmid, "exec-status", pid=pid) or {}
+            if status.get("exited") in (True, 1, "1"):
+                return {"exitcode": int(status.get("exitcode") or 0), "out": status.get("out-data") or "",
+                        "err": status.get("err-data") or ""}
+            if self._clock() >= deadline:
+                message = "%s in VM %s (guest pid %d) still running after %ss" % (" ".join(argv), vmid, pid, timeout)
+                raise Timeout(message, what="agent exec")
+            self._sleep(delay)
+            delay = min(delay * 2, self._poll_interval)
+
+    def agent_read_file(self, node, vmid, path, timeout=30):
+        """A file of the guest as text: ``agent/file-read``, or ``cat`` through ``agent/exec`` where the server
+        has no file-read. ProxmoxError when the guest cannot read it."""
+        try:
+            answer = self._agent_call("get", node, vmid, "file-read", file=path) or {}
+        except NotFound:
+            answer = None
+        if answer is not None:
+            if answer.get("truncated"):
+                raise ProxmoxError("%s in VM %s is larger than agent/file-read returns" % (path, vmid))
+            return answer.get("content") or ""
+        result = self.agent_exec(node, vmid, ["cat", path], timeout)
+        if result["exitcode"] != 0:
+            raise ProxmoxError(
+                "cannot read %s in VM %s through the guest agent: %s" % (path, vmid, result["err"].strip()))
+        return result["out"]
 
     # ----------------------------------------------------------------------------------------------- tasks
 

@@ -131,3 +131,32 @@ def classify(status, reason, errors=None):
     else:
         cls = ProxmoxError
     return cls(message, status=status, reason=reason, errors=errors)
+
+
+class AgentNotConfigured(ProxmoxError):
+    """The VM's config does not enable the QEMU guest agent (``agent: 1``)."""
+
+
+class VMNotRunning(ProxmoxError):
+    """The VM is not running, so its guest agent cannot answer."""
+
+
+class AgentNotRunning(ProxmoxError):
+    """The agent is configured and the VM runs, but the agent does not answer (still booting, or not installed)."""
+
+
+_AGENT_ERRORS = (
+    (re.compile(r"No QEMU guest agent configured", re.IGNORECASE), AgentNotConfigured),
+    (re.compile(r"\bVM \d+ (?:is )?not running\b", re.IGNORECASE), VMNotRunning),
+    (re.compile(r"guest agent is not running|QEMU guest agent .*not (?:running|available)", re.IGNORECASE),
+     AgentNotRunning),
+)
+
+
+def classify_agent(error):
+    """The agent-specific type for an error of an ``agent/*`` call (PVE reports all of them as HTTP 500)."""
+    haystack = " ".join([error.reason or "", error.message or ""])
+    for pattern, cls in _AGENT_ERRORS:
+        if pattern.search(haystack):
+            return cls(error.message, status=error.status, reason=error.reason, errors=error.errors)
+    return error

@@ -7,6 +7,9 @@ down    stops the API server, tears down every node, namespace, mount and interf
         crash), and removes the lab's state; the CA, credentials and ssh key stay for the next `up`.
         `--verify` then checks that nothing is left and fails, naming it, if something is.
 status  says what runs.
+hostile-first-boot VMID
+        arms a lab fault on a stopped container node: at its next boot, seconds after sshd answered, it replaces
+        its host keys and restarts sshd while cloud-init still runs (pve_lab.nodes.hostile_boot); `--disarm`.
 """
 
 from __future__ import annotations
@@ -195,6 +198,26 @@ def status(paths: LabPaths) -> int:
     return 0
 
 
+def hostile_first_boot(paths: LabPaths, args: argparse.Namespace) -> int:
+    from pve_lab.nodes import hostile_boot  # the node backend's module: only this command needs it
+    from pve_lab.nodes.common import LabError
+
+    try:
+        if args.disarm:
+            hostile_boot.disarm(args.vmid, state_dir=paths.lab_dir)
+            say("VM %d: hostile first boot disarmed" % args.vmid)
+        else:
+            hostile_boot.arm(args.vmid, after_s=args.after, outage_s=args.outage, trigger=args.trigger,
+                             state_dir=paths.lab_dir)
+            say("VM %d: its next boot replaces the host keys %.0f s after sshd %s, sshd down %.0f s"
+                % (args.vmid, args.after, "answered a client" if args.trigger == "client" else "listened",
+                   args.outage))
+    except LabError as err:
+        say("error: %s" % err)
+        return 1
+    return 0
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pve_lab", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -205,8 +228,17 @@ def main(argv: Optional[List[str]] = None) -> int:
     down_parser = commands.add_parser("down", help="stop and remove everything the lab made")
     down_parser.add_argument("--verify", action="store_true", help="then check that nothing is left; fail if so")
     commands.add_parser("status", help="say what runs")
+    hostile = commands.add_parser("hostile-first-boot", help="make a stopped node's next boot replace its host keys")
+    hostile.add_argument("vmid", type=int)
+    hostile.add_argument("--after", type=float, default=8.0, help="seconds after the trigger (default 8)")
+    hostile.add_argument("--outage", type=float, default=5.0, help="seconds sshd stays down (default 5)")
+    hostile.add_argument("--trigger", choices=["listening", "client"], default="listening",
+                         help="count from sshd listening, or from its first client from outside the node")
+    hostile.add_argument("--disarm", action="store_true", help="remove the fault instead")
     args = parser.parse_args(argv)
     paths = LabPaths(os.path.abspath(args.lab_dir))
+    if args.command == "hostile-first-boot":
+        return hostile_first_boot(paths, args)
     if args.command == "up":
         return up(paths, args.no_nodes)
     if args.command == "down":

@@ -34,3 +34,31 @@ def test_timeline_keeps_distinct_states_in_order():
     assert [e["state"] for e in timeline.events] == [first_boot.REFUSED, first_boot.CLOUD_INIT_RUNNING,
                                                      first_boot.RESET]
     assert timeline.last["after_s"] == 4.0
+
+
+@pytest.mark.parametrize("stderr", [
+    "@@@@@@@@\n@    WARNING: REMOTE HOST IDENTIFICATION HAS CHANGED!     @\n...\nHost key verification failed.",
+    "No ED25519 host key is known for node05 and you have requested strict checking.\nHost key verification failed.",
+])
+def test_a_key_other_than_the_pinned_one_is_key_changed(stderr):
+    assert first_boot.classify(255, "", stderr) == first_boot.KEY_CHANGED
+
+
+@pytest.mark.parametrize("exitcode, stdout, state", [
+    (0, "status: done\n", first_boot.AGENT_READY),
+    (0, "status: running\n", first_boot.AGENT_CLOUD_INIT_RUNNING),
+    (1, "status: error\n", first_boot.CLOUD_INIT_ERROR),
+    (255, "", first_boot.UNKNOWN),
+    (127, "", first_boot.UNKNOWN),
+])
+def test_cloud_init_status_through_the_agent(exitcode, stdout, state):
+    assert first_boot.classify_agent_status(exitcode, stdout) == state
+
+
+def test_timeout_message_names_the_node_the_wait_and_the_last_state():
+    timeline = first_boot.Timeline()
+    assert "nothing tried" in first_boot.timeout_message("node05", "10.77.0.105", 5, timeline.last)
+    timeline.record(1.0, first_boot.AUTH_FAILED, "debian@10.77.0.105: Permission denied (publickey).")
+    message = first_boot.timeout_message("node05", "10.77.0.105", 5, timeline.last)
+    assert message.startswith("node05 (10.77.0.105) was not ready after 5 s; last seen: " + first_boot.AUTH_FAILED)
+    assert message.endswith("(debian@10.77.0.105: Permission denied (publickey).)")

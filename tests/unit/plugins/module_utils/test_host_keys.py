@@ -48,3 +48,33 @@ def test_remove_entries_forgets_only_that_node(tmp_path):
     assert "node05" not in host_keys.parse_known_hosts(left)
     assert "node06" in host_keys.parse_known_hosts(left)
     assert left.startswith("# fleet\n")
+
+
+def test_public_key_reads_a_host_key_file_as_the_agent_returns_it(tmp_path):
+    key = make_key(tmp_path, "host")
+    keytype, blob = key.split()[:2]
+    assert host_keys.public_key(key + "\n") == keytype + " " + blob
+    assert host_keys.public_key("# comment\n" + key) == keytype + " " + blob
+
+
+def test_public_key_refuses_what_is_no_key_of_that_type(tmp_path):
+    key = make_key(tmp_path, "host")
+    keytype, blob = key.split()[:2]
+    for text in ("", "cat: /etc/ssh/ssh_host_ed25519_key.pub: No such file or directory",
+                 keytype + " not-base64!", "ssh-rsa " + blob, keytype + " " + blob[:-8]):
+        with pytest.raises(host_keys.BadPublicKey):
+            host_keys.public_key(text)
+
+
+def test_public_key_of_any_type_takes_the_type_from_the_text(tmp_path):
+    key = make_key(tmp_path, "host")
+    assert host_keys.public_key(key, keytype=None) == " ".join(key.split()[:2])
+    with pytest.raises(host_keys.BadPublicKey):
+        host_keys.public_key("ssh-rsa " + key.split()[1], keytype=None)
+
+
+def test_known_hosts_line_is_what_add_entry_appends_and_parse_reads(tmp_path):
+    key = make_key(tmp_path, "k")
+    line = host_keys.known_hosts_line("node05", key)
+    assert line.endswith("\n") and host_keys.add_entry("", "node05", key) == line
+    assert host_keys.parse_known_hosts(line) == {"node05": [tuple(key.split()[:2])]}
