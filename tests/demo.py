@@ -1,93 +1,141 @@
 """`make demo`: the main job on the embedded lab, shown to a newcomer, with the time it took.
 
-Brings the lab up, clones two VMs from the lab's cloud-init template through the Proxmox VE API (proxmoxer, as
-any client would), starts them, waits until each answers ssh as its own name with cloud-init finished, and tears
-everything down.
+Runs what an operator runs, through the collection:
+
+    ansible-playbook -i inventories/lab llmgw.fleet.add_node -e node=node01 -e address=10.77.0.101/24 -e fabric=ib-a
+    ansible-playbook -i inventories/lab llmgw.fleet.add_node -e node=node02 -e address=10.77.0.102/24 -e fabric=ib-a
+    bin/fleet status
+
+then removes the two nodes again (VM, registry entry, host key, certificate). The lab is shared: the demo brings it
+up only when it is down, and takes it down at the end only if it brought it up; it removes only the nodes it
+created itself.
 """
 
 import os
+import shutil
 import subprocess
 import sys
 import time
-import urllib.parse
 
 import yaml
-from proxmoxer import ProxmoxAPI
-from proxmoxer.tools import Tasks
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, ".build", "collections"))
+
+from ansible_collections.llmgw.fleet.plugins.module_utils import fleet_registry, host_keys  # noqa: E402
+from ansible_collections.llmgw.fleet.plugins.module_utils.proxmox_client import (  # noqa: E402
+    ProxmoxClient,
+    settings_from_params,
+)
+
 PY = sys.executable
-NODES = [("node01", "10.77.0.101"), ("node02", "10.77.0.102")]
-VMID_BASE = 1000
+BIN = os.path.dirname(PY)
+NODES = [("node01", "10.77.0.101/24"), ("node02", "10.77.0.102/24")]
+FABRIC = "ib-a"
+LAB_DIR = os.path.join(REPO, ".lab")
+FLEET_DIR = os.path.join(LAB_DIR, "fleet")  # where inventories/lab keeps the fleet's known_hosts, CA and registry
+REGISTRY = os.path.join(FLEET_DIR, "fleet.db")
+KNOWN_HOSTS = os.path.join(FLEET_DIR, "known_hosts")
+TIMEOUT = 900
+
+
+def env():
+    environ = dict(os.environ)
+    environ["PYTHONPATH"] = os.path.join(REPO, "tests", "lab")
+    environ["ANSIBLE_COLLECTIONS_PATH"] = os.path.join(REPO, ".build", "collections")
+    return environ
 
 
 def lab(*args):
-    subprocess.check_call([PY, "-m", "pve_lab"] + list(args), cwd=REPO)
+    return subprocess.run([PY, "-m", "pve_lab"] + list(args), cwd=REPO, env=env(), check=False)
 
 
-def connect(conn):
-    os.environ["REQUESTS_CA_BUNDLE"] = conn["ca_cert"]
-    user, token = conn["api_token_id"].split("!")
-    return ProxmoxAPI(conn["api_host"], port=conn["api_port"], user=user, token_name=token,
-                      token_value=conn["api_token_secret"], verify_ssl=True)
+def lab_is_up():
+    if not os.path.exists(os.path.join(LAB_DIR, "connection.yml")):
+        return False
+    return subprocess.run([PY, "-m", "pve_lab", "status"], cwd=REPO, env=env(), capture_output=True,
+                          check=False).returncode == 0
 
 
-def wait_task(api, conn, upid):
-    status = Tasks.blocking_status(api, upid, timeout=600)
-    if status.get("exitstatus") != "OK":
-        raise SystemExit("task {} ended: {}".format(upid, status.get("exitstatus")))
+def lab_engine():
+    """The lab's llama.cpp release archive (built once per machine, cached)."""
+    sys.path.insert(0, os.path.join(REPO, "tests", "lab", "engine"))
+    import build  # noqa: PLC0415 - the lab's build script, only the demo and the tests need it
+
+    return build.build()
 
 
-def ssh(conn, address, command, known_hosts):
-    return subprocess.run(
-        ["ssh", "-i", conn["ssh_private_key"], "-o", "BatchMode=yes", "-o", "ConnectTimeout=3",
-         "-o", "StrictHostKeyChecking=accept-new", "-o", "UserKnownHostsFile=" + known_hosts,
-         "debian@" + address, command], capture_output=True, text=True, check=False)
+def client():
+    with open(os.path.join(LAB_DIR, "connection.yml")) as handle:
+        conn = yaml.safe_load(handle)
+    settings = settings_from_params({
+        "api_host": conn["api_host"], "api_port": conn["api_port"], "api_token_id": conn["api_token_id"],
+        "api_token_secret": conn["api_token_secret"], "ca_path": conn["ca_cert"]})
+    return ProxmoxClient.connect(settings), conn["pve_node"]
 
 
-def wait_ssh(conn, name, address, known_hosts, deadline):
-    while time.monotonic() < deadline:
-        result = ssh(conn, address, "cloud-init status --wait >/dev/null; hostname", known_hosts)
-        if result.returncode == 0 and result.stdout.strip() == name:
-            return
-        time.sleep(2)
-    raise SystemExit(f"{name} ({address}) did not answer ssh in time: {result.stderr.strip()}")
+def vm_named(api, name):
+    return next((g for g in api.qemu_vms() if g.get("name") == name), None)
+
+
+def add_node(name, address, engine):
+    argv = [os.path.join(BIN, "ansible-playbook"), "-i", os.path.join(REPO, "inventories", "lab"),
+            "llmgw.fleet.add_node", "-e", "node=" + name, "-e", "address=" + address, "-e", "fabric=" + FABRIC,
+            "-e", "fleet_engine_archive=" + engine["archive"], "-e", "fleet_engine_archive_sha256=" + engine["sha256"]]
+    shown = " ".join(argv[3:10])
+    print("\n$ ansible-playbook -i inventories/lab %s -e fleet_engine_archive=..." % shown, flush=True)
+    return subprocess.run(argv, cwd=REPO, env=env(), check=False).returncode
+
+
+def remove_node(api, pve_node, name):
+    """The VM, the registry entry, the host key and the certificate of a node this demo created."""
+    vm = vm_named(api, name)
+    if vm is not None:
+        if vm.get("status") == "running":
+            api.stop_vm(pve_node, vm["vmid"], TIMEOUT)
+        api.delete_vm(pve_node, vm["vmid"], TIMEOUT)
+    if os.path.exists(REGISTRY):
+        with fleet_registry.FleetRegistry(REGISTRY, create=False) as registry:
+            registry.delete_node(name)
+    if os.path.exists(KNOWN_HOSTS):
+        with open(KNOWN_HOSTS) as handle:
+            kept = host_keys.remove_entries(handle.read(), name)
+        with open(KNOWN_HOSTS, "w") as handle:
+            handle.write(kept)
+    shutil.rmtree(os.path.join(FLEET_DIR, "ca", "nodes", name), ignore_errors=True)
+    print("removed %s" % name, flush=True)
 
 
 def main():
     started = time.monotonic()
-    lab("up")
-    with open(os.path.join(REPO, ".lab", "connection.yml")) as handle:
-        conn = yaml.safe_load(handle)
-    api = connect(conn)
-    node = api.nodes(conn["pve_node"])
-    with open(conn["ssh_public_key"]) as handle:
-        sshkeys = urllib.parse.quote(handle.read().strip(), safe="")
-    known_hosts = os.path.join(REPO, ".lab", "demo_known_hosts")
-    if os.path.exists(known_hosts):
-        os.remove(known_hosts)
-    vmids = []
+    brought_up = not lab_is_up()
+    if brought_up:
+        if lab("up").returncode != 0:
+            raise SystemExit("the lab did not come up")
+    else:
+        print("the lab is already up: using it as it is, and leaving it up", flush=True)
+    api, pve_node = client()
+    created = []
+    failed = []
     try:
+        engine = lab_engine()
         for name, address in NODES:
-            vmid = VMID_BASE + int(address.rsplit(".", 1)[1])
-            print("clone {} -> {} ({})".format(conn["template_vmid"], vmid, name), flush=True)
-            wait_task(api, conn, node.qemu(conn["template_vmid"]).clone.post(newid=vmid, name=name, full=1))
-            vmids.append(vmid)
-            node.qemu(vmid).config.put(
-                cpu="host", ciuser="debian", sshkeys=sshkeys,
-                ipconfig0="ip={}/24,gw={}".format(address, conn["gateway"]))
-            wait_task(api, conn, node.qemu(vmid).status.start.post())
-        for name, address in NODES:
-            wait_ssh(conn, name, address, known_hosts, time.monotonic() + 180)
-            print(f"{name} answers ssh at {address} as {name!r}, cloud-init done", flush=True)
-        for entry in api.cluster.resources.get(type="vm"):
-            print("  qemu/{vmid:<5} {name:<20} {status}".format(**entry))
+            if vm_named(api, name) is None:
+                created.append(name)
+            else:
+                print("%s already exists: the demo uses it and will not remove it" % name, flush=True)
+            if add_node(name, address, engine) != 0:
+                failed.append(name)
+        print("\n$ bin/fleet status --db " + os.path.relpath(REGISTRY, REPO), flush=True)
+        subprocess.run([PY, os.path.join(REPO, "bin", "fleet"), "status", "--db", REGISTRY], check=False)
     finally:
-        for vmid in vmids:
-            wait_task(api, conn, node.qemu(vmid).status.stop.post())
-            wait_task(api, conn, node.qemu(vmid).delete(purge=1))
-        lab("down")
-    print(f"demo finished in {time.monotonic() - started:.0f} s")
+        for name in created:
+            remove_node(api, pve_node, name)
+        if brought_up:
+            lab("down")
+    print("demo finished in %.0f s" % (time.monotonic() - started))
+    if failed:
+        raise SystemExit("add_node failed for " + ", ".join(failed))
 
 
 if __name__ == "__main__":

@@ -181,7 +181,9 @@ def main():
     # A stage whose tests failed is counted by its tests; one that failed otherwise (a linter) counts once.
     test_stages = ("pytest", "ansible-test units", "ansible-doc")
     non_pytest_failures = len([n for n in failed_stages if not n.startswith(test_stages)])
-    print(f"suite: {passed} passed, {failed + non_pytest_failures} failed, {skipped} skipped")
+    # A test stage that failed before writing its report (ansible-test units that could not start) still counts.
+    failures = max(failed + non_pytest_failures, len(failed_stages))
+    print(f"suite: {passed} passed, {failures} failed, {skipped} skipped")
     return 1 if failed_stages else 0
 
 

@@ -93,6 +93,10 @@ options:
     description: Set the state of individual shards, each C({rank, status, reasons}).
     type: list
     elements: dict
+  every_shard_status:
+    description: Set the state of every shard of the replica (before O(shard_status), which may then differ).
+    type: str
+    choices: [pending, starting, active, failed]
   db:
     description:
       - Path of the registry database. Defaults to E(LLMGW_FLEET_DB), then C($XDG_DATA_HOME/llmgw/fleet.db),
@@ -177,11 +181,11 @@ decision:
   type: dict
   sample: {placed: true, action: move, fabric: ib-b, moved_shards: 2}
 reaped_shards:
-  description: Shards that no longer belong to the replica and must be stopped, with their node's address.
+  description: Shards that no longer belong to the replica and must be stopped, with their node's address and unit.
   returned: always
   type: list
   elements: dict
-  sample: [{rank: 0, node: node01, gpus: [0, 1, 2, 3], address: 10.77.0.11}]
+  sample: [{rank: 0, node: node01, gpus: [0, 1, 2, 3], address: 10.77.0.11, unit: llmgw-shard-coder-a-0.service}]
 db:
   description: The registry database used.
   returned: always
@@ -190,7 +194,7 @@ db:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.llmgw.fleet.plugins.module_utils import fleet_registry, placement
+from ansible_collections.llmgw.fleet.plugins.module_utils import fleet_registry, placement, replica_plan
 
 FIELDS = {"model": "model", "engine": "engine", "shards": "shard_count", "gpus_per_shard": "gpus_per_shard",
           "fabric": "fabric", "gpu_type": "gpu_type", "avoid_nodes": "avoid_nodes", "port": "port",
@@ -218,6 +222,9 @@ def _apply(registry, params):
         if params["repair"]:
             decision = registry.repair(name)[0]
             reaped = decision["reaped_shards"]
+        if params["every_shard_status"]:
+            for shard in registry.get_replica(name)["shards"]:
+                registry.set_shard_state(name, shard["rank"], params["every_shard_status"])
         for entry in params["shard_status"] or []:
             if "rank" not in entry or "status" not in entry:
                 raise fleet_registry.RegistryConflict("shard_status entries are {rank, status, reasons}")
@@ -227,6 +234,11 @@ def _apply(registry, params):
 
 def _reaped(shard):
     return {k: shard[k] for k in ("rank", "node", "gpus", "address")}
+
+
+def _with_units(name, shards):
+    """Each reaped shard with the systemd unit that runs it (roles/replica names them so)."""
+    return [dict(s, unit=replica_plan.unit_name(name, s["rank"])) for s in shards]
 
 
 def main():
@@ -249,6 +261,7 @@ def main():
             place=dict(type="bool", default=False),
             repair=dict(type="bool", default=False),
             shard_status=dict(type="list", elements="dict"),
+            every_shard_status=dict(type="str", choices=list(fleet_registry.SHARD_STATES)),
             db=dict(type="path"),
         ),
         mutually_exclusive=[["assignment", "place"], ["assignment", "repair"], ["place", "repair"]],
@@ -267,8 +280,8 @@ def main():
         registry.close()
     old = fleet_registry.comparable(before, fleet_registry.REPLICA_FIELDS)
     new = fleet_registry.comparable(after, fleet_registry.REPLICA_FIELDS)
-    result = dict(changed=old != new, replica=after or {}, reaped_shards=reaped, db=registry.path,
-                  diff={"before": old or {}, "after": new or {}})
+    result = dict(changed=old != new, replica=after or {}, reaped_shards=_with_units(params["name"], reaped),
+                  db=registry.path, diff={"before": old or {}, "after": new or {}})
     if decision is not None:
         result["decision"] = decision
         if not decision["placed"] and params["place"]:

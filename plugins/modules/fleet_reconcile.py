@@ -1,0 +1,187 @@
+#!/usr/bin/python
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: fleet_reconcile
+short_description: Record what a probe of the fleet found -- nodes seen or lost, replicas failed and replaced
+version_added: 0.1.0
+description:
+  - Takes one probe per node (reached over ssh or not, and which shard units run there) and, in one registry
+    transaction, records what follows from it.
+  - A node reached is seen now. A node not reached whose last sighting is older than O(node_lost_after) seconds
+    is C(lost).
+  - A replica with a shard on a lost node is recorded C(failed), then repaired by the solver -- on its own fabric
+    if that can still hold all of it, else moved whole to one fabric that can, never across two, else left
+    failed with the reason. Its surviving shards that no longer belong to it come back in RV(failed_replicas) to be
+    stopped.
+  - A replica recorded C(ready) whose nodes were all reached but which runs fewer shards than its shard count
+    is recorded C(failed) and returned to be relaunched whole on its placement, after every shard it still runs
+    is stopped. It is never left C(ready) with a shard missing.
+  - Replicas being launched (C(placing), C(starting)) or already C(failed) are left alone unless a node of
+    theirs is lost.
+  - Run it on the controller; C(playbooks/reconcile.yml) probes the nodes, runs this, stops the reaped shards
+    and launches the replacements.
+author:
+  - llmgw.fleet developers (@llmgw)
+options:
+  probes:
+    description:
+      - One per node probed, C({node, reachable, active_units, error}); C(active_units) is a list of unit names
+        or the text of C(systemctl list-units --plain --no-legend). Nodes without a probe are not judged.
+    type: list
+    elements: dict
+    required: true
+  node_lost_after:
+    description: Seconds a node may go unseen before it is lost.
+    type: int
+    default: 60
+  now:
+    description: The time of the probe (ISO 8601); defaults to the current time.
+    type: str
+  db:
+    description:
+      - Path of the registry database. Defaults to E(LLMGW_FLEET_DB), then C($XDG_DATA_HOME/llmgw/fleet.db),
+        then C(~/.local/share/llmgw/fleet.db).
+    type: path
+notes:
+  - Supports check mode (the verdicts are computed against an in-memory copy of the registry).
+  - C(changed) reports node state changes and failed replicas, not the C(last_seen) times it refreshes.
+seealso:
+  - module: llmgw.fleet.fleet_replica
+  - module: llmgw.fleet.fleet_node
+"""
+
+EXAMPLES = r"""
+- name: Record what the probes found
+  llmgw.fleet.fleet_reconcile:
+    probes:
+      - {node: node01, reachable: true, active_units: [llmgw-shard-coder-a-0.service]}
+      - {node: node02, reachable: false, error: "No route to host"}
+    node_lost_after: 60
+  delegate_to: localhost
+  register: reconciled
+"""
+
+RETURN = r"""
+nodes:
+  description: Per probed node, C({verdict, reason, unseen_for}); the verdict is C(seen), C(unseen) or C(lost).
+  returned: always
+  type: dict
+  sample: {node01: {verdict: seen}, node02: {verdict: lost, reason: "unseen for 12 s (more than 10 s; ...)"}}
+lost_nodes:
+  description: Nodes this pass declared lost.
+  returned: always
+  type: list
+  elements: str
+failed_replicas:
+  description:
+    - Replicas this pass failed, C({name, kind, reason, action, placed, fabric, shards, reaped_shards}); C(kind)
+      is C(lost) (a node lost) or C(short) (fewer shards running than it has); C(action) is the solver's
+      (C(repair), C(move), C(fail)) or C(relaunch); C(reaped_shards) (C({rank, node, address, unit})) must be
+      stopped.
+  returned: always
+  type: list
+  elements: dict
+relaunch:
+  description: Replicas to launch now (placed again, or relaunched whole).
+  returned: always
+  type: list
+  elements: str
+"""
+
+import datetime
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.llmgw.fleet.plugins.module_utils import fleet_registry, placement, reconcile, replica_plan
+
+
+def _probes(raw):
+    probes = {}
+    for entry in raw:
+        if not entry.get("node"):
+            raise fleet_registry.RegistryConflict("each probe needs a node: %r" % (entry,))
+        units = entry.get("active_units") or []
+        if isinstance(units, str):
+            units = reconcile.parse_active_units(units)
+        probes[entry["node"]] = {"reachable": bool(entry.get("reachable")), "active_units": list(units),
+                                 "error": entry.get("error")}
+    return probes
+
+
+def _stoppable(name, shards):
+    return [{"rank": s["rank"], "node": s["node"], "address": s.get("address"),
+             "unit": replica_plan.unit_name(name, s["rank"])} for s in shards]
+
+
+def _apply(registry, probes, lost_after, now):
+    stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+    changed = False
+    with registry.transaction():
+        verdicts = reconcile.node_verdicts(registry.list_nodes(), probes, now, lost_after)
+        for name, verdict in sorted(verdicts.items()):
+            if verdict["verdict"] == "seen":
+                registry.put_node(name, last_seen=stamp)
+            elif verdict["verdict"] == "lost":
+                registry.put_node(name, state="lost", reasons=[verdict["reason"]])
+                changed = True
+        states = {n["name"]: n["state"] for n in registry.list_nodes()}
+        failed, relaunch = [], []
+        for found in reconcile.replica_verdicts(registry.list_replicas(), states, probes):
+            name = found["name"]
+            before = registry.get_replica(name)
+            registry.put_replica(name, state="failed", reasons=[found["reason"]])
+            changed = True
+            entry = dict(found)
+            if found["kind"] == "lost":
+                decision = registry.repair(name)[0]
+                after = registry.get_replica(name)
+                entry.update(action=decision["action"], placed=decision["placed"],
+                             fabric=decision.get("fabric"), reason_after=decision.get("reason"),
+                             reaped_shards=[s for s in _stoppable(name, decision["reaped_shards"])
+                                            if states.get(s["node"]) != "lost"])
+            else:
+                after = before
+                entry.update(action="relaunch", placed=True, fabric=before["shards"][0]["fabric"],
+                             reaped_shards=_stoppable(name, [s for s in before["shards"]
+                                                             if s["rank"] in found["running"]]))
+            entry["shards"] = [{k: s[k] for k in ("rank", "node", "gpus", "address")} for s in after["shards"]]
+            if entry["placed"]:
+                relaunch.append(name)
+            failed.append(entry)
+    return verdicts, failed, relaunch, changed
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            probes=dict(type="list", elements="dict", required=True),
+            node_lost_after=dict(type="int", default=reconcile.DEFAULT_LOST_AFTER),
+            now=dict(type="str"),
+            db=dict(type="path"),
+        ),
+        supports_check_mode=True,
+    )
+    params = module.params
+    try:
+        now = (reconcile.parse_time(fleet_registry.normalize_timestamp(params["now"])) if params["now"]
+               else datetime.datetime.now(datetime.timezone.utc))
+        registry = fleet_registry.open_for_module(params["db"], module.check_mode)
+    except fleet_registry.RegistryError as exc:
+        module.fail_json(msg=str(exc))
+    try:
+        verdicts, failed, relaunch, changed = _apply(registry, _probes(params["probes"]),
+                                                     params["node_lost_after"], now)
+    except (fleet_registry.RegistryError, placement.PlacementError) as exc:
+        module.fail_json(msg=str(exc), db=registry.path)
+    finally:
+        registry.close()
+    module.exit_json(changed=changed, nodes=verdicts, failed_replicas=failed, relaunch=relaunch, db=registry.path,
+                     lost_nodes=sorted(n for n, v in verdicts.items() if v["verdict"] == "lost"))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,161 @@
+"""Replacement after a node loss, on the lab: from the node's stop to lost detected and to the replacement Ready,
+against the seed's 60 s and 80 s.
+
+    .venv/bin/python tests/bench/bench_replacement.py [--quick] [--json PATH]
+
+The seed's scenario: four lab nodes on two fabrics (bench-a: bench-241, bench-242; bench-b: bench-243,
+bench-244; eight simulated GPUs each), provisioned with provision_node (one run, one fork) and recorded ready;
+a two-node simulated replica (2 shards x 4 GPUs) placed on each fabric with place_replica.yml; reconcile.yml run
+once so every node is seen. Then bench-242's VM is stopped through the Proxmox API and reconcile.yml runs again
+and again (as its timer would, back to back) until the node is lost and the replica that had a shard on it is
+Ready again elsewhere. Times come from the registry's events (1 s resolution) against the moment the stop task
+ended. ``node_lost_after`` is 60 s, the seed's and the collection's default (``--quick``: 10 s).
+
+Needs playbooks/reconcile.yml and playbooks/place_replica.yml; without them it says so and measures nothing.
+The VMs (octets 241-244) and the registry (a temporary directory) are removed at the end.
+"""
+
+import argparse
+import datetime
+import os
+import sys
+import tempfile
+import time
+
+import yaml
+from figures import REPO, Report, log
+from lab import LAB_DIR, LAB_INVENTORY, Lab, PlaybookFailed, run_playbook, why_not_up
+
+from ansible_collections.llmgw.fleet.plugins.module_utils.fleet_registry import FleetRegistry
+
+PLAYBOOKS = os.path.join(REPO, "playbooks")
+HERE = os.path.dirname(os.path.abspath(__file__))
+SEED = {"lost": 60.0, "ready": 80.0}
+NODES = [(241, "bench-a"), (242, "bench-a"), (243, "bench-b"), (244, "bench-b")]
+LOST_OCTET = 242
+MODEL = {"bench-sim": {"engine": "sim", "shards": 2, "gpus_per_shard": 4}}
+GIVE_UP_AFTER = 600
+
+
+def epoch(stamp):
+    return datetime.datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.timezone.utc).timestamp()
+
+
+class Fleet:
+    def __init__(self, lab, root):
+        self.lab, self.root = lab, root
+        self.db = os.path.join(root, "fleet.db")
+        self.runs = 0
+
+    def vars(self, **extra):
+        out = {"lab_state_dir": LAB_DIR, "fleet_registry": self.db, "fleet_models": MODEL,
+               "fleet_known_hosts_file": os.path.join(self.root, "known_hosts"),
+               "fleet_ca_dir": os.path.join(self.root, "ca")}
+        out.update(extra)
+        return out
+
+    def play(self, playbook, inventories=(LAB_INVENTORY,), forks=None, **extra):
+        self.runs += 1
+        path = playbook if os.path.isabs(playbook) else os.path.join(PLAYBOOKS, playbook)
+        log_path = os.path.join(self.root, "%02d-%s.log" % (self.runs, os.path.basename(path)[:-4]))
+        return run_playbook(path, list(inventories), self.vars(**extra), log_path, forks=forks)
+
+    def events(self, subject):
+        with FleetRegistry(self.db) as registry:
+            return registry.events(subject)
+
+    def replica(self, name):
+        with FleetRegistry(self.db) as registry:
+            return registry.get_replica(name)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="node_lost_after 10 s")
+    parser.add_argument("--json", help="write the figures to this file (for run.py)")
+    args = parser.parse_args(argv)
+    report = Report("replacement")
+    missing = [p for p in ("reconcile.yml", "place_replica.yml") if not os.path.exists(os.path.join(PLAYBOOKS, p))]
+    reason = ("playbooks/%s missing" % ", playbooks/".join(missing)) if missing else why_not_up()
+    if reason:
+        report.skip("replacement after node loss", reason)
+        report.write(args.json)
+        return 0
+    lab = Lab()
+    names = [lab.name(o) for o, _fabric in NODES]
+    lab.remove(names)
+    lost_after = 10 if args.quick else 60
+    with tempfile.TemporaryDirectory(prefix="bench-replacement-") as tmp:
+        fleet = Fleet(lab, tmp)
+        try:
+            measure(report, lab, fleet, lost_after)
+        except (PlaybookFailed, RuntimeError) as exc:
+            print(str(exc), flush=True)
+            report.skip("replacement after node loss", "a step failed: " + str(exc).splitlines()[0])
+        finally:
+            lab.remove(names)
+    report.write(args.json)
+    return 0
+
+
+def measure(report, lab, fleet, lost_after):
+    began = time.monotonic()
+    inventory = os.path.join(fleet.root, "bench_nodes.yml")
+    with open(inventory, "w") as handle:
+        yaml.safe_dump({"bench_nodes": {"hosts": {lab.name(o): {"bench_address": lab.address(o) + "/24"}
+                                                  for o, _fabric in NODES}}}, handle)
+    # forks=1: wait_for_node's read-modify-write of the shared known_hosts is not safe under concurrency
+    fleet.play(os.path.join(HERE, "playbooks", "provision_many.yml"), [LAB_INVENTORY, inventory], forks=1)
+    fleet.play(os.path.join(HERE, "playbooks", "register_nodes.yml"), bench_register=[
+        {"name": lab.name(o), "address": lab.address(o), "fabric": fabric} for o, fabric in NODES])
+    for name, fabric in (("bench-rep-a", "bench-a"), ("bench-rep-b", "bench-b")):
+        fleet.play("place_replica.yml", replica=name, model="bench-sim", fabric=fabric)
+        state = (fleet.replica(name) or {}).get("state")
+        if state != "ready":
+            raise RuntimeError("%s is %s after place_replica, not ready" % (name, state))
+    fleet.play("reconcile.yml", node_lost_after=lost_after)  # every node seen just now
+    log("set-up (4 nodes, 2 replicas, one reconcile): %.0f s" % (time.monotonic() - began))
+
+    lost_name = lab.name(LOST_OCTET)
+    on_lost = [r for r in ("bench-rep-a", "bench-rep-b")
+               if lost_name in {s["node"] for s in fleet.replica(r)["shards"]}]
+    if len(on_lost) != 1:
+        raise RuntimeError("expected one replica with a shard on %s, found %s" % (lost_name, on_lost))
+    victim = on_lost[0]
+    lab.stop(lost_name)
+    stopped = time.time()
+    reconciles = []
+    lost_at = ready_at = None
+    while time.time() - stopped < GIVE_UP_AFTER:
+        start = time.monotonic()
+        fleet.play("reconcile.yml", node_lost_after=lost_after)
+        reconciles.append(time.monotonic() - start)
+        lost = [e["at"] for e in fleet.events(lost_name) if "-> lost" in (e.get("detail") or "")]
+        ready = [e["at"] for e in fleet.events(victim) if "-> ready" in (e.get("detail") or "")
+                 and epoch(e["at"]) >= int(stopped)]
+        if lost and ready:
+            lost_at, ready_at = epoch(lost[-1]) - stopped, epoch(ready[-1]) - stopped
+            break
+    if lost_at is None:
+        raise RuntimeError("no replacement Ready within %d s of the stop" % GIVE_UP_AFTER)
+    shards = fleet.replica(victim)["shards"]
+    log("%s stopped; lost at t+%.0f s, %s Ready again on %s at t+%.0f s; %d reconcile runs of %.0f s mean" % (
+        lost_name, lost_at, victim, ", ".join(s["node"] for s in shards), ready_at, len(reconciles),
+        sum(reconciles) / len(reconciles)))
+    params = ("node_lost_after %d s, 4 nodes / 2 fabrics, 2 sim replicas of 2 x 4 GPUs, reconcile back to back "
+              "(%d runs, %.0f s each)" % (lost_after, len(reconciles), sum(reconciles) / len(reconciles)))
+    report.add("replacement: node stop -> lost detected", "%.0f s" % lost_at, "seed %.0f s" % SEED["lost"],
+               lost_at / SEED["lost"], params,
+               "lost is declared %.0f s after node_lost_after (%d s) ran out: one reconcile run's probe"
+               % (lost_at - lost_after, lost_after))
+    report.add("replacement: node stop -> replacement Ready", "%.0f s" % ready_at, "seed %.0f s" % SEED["ready"],
+               ready_at / SEED["ready"], params,
+               "Ready %.0f s after the stop, of which node_lost_after is %d s" % (ready_at, lost_after))
+    report.add("replacement: lost detected -> replacement Ready", "%.0f s" % (ready_at - lost_at),
+               "seed %.0f s" % (SEED["ready"] - SEED["lost"]), (ready_at - lost_at) / (SEED["ready"] - SEED["lost"]),
+               params, "what the collection itself takes to fail, reap, re-place and launch the replica and see it "
+               "serve")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,88 @@
+"""add_node on the lab, the way an operator runs it: from nothing to registered ready, then nothing to change.
+
+    ansible-playbook -i inventories/lab llmgw.fleet.add_node -e node=on-add -e address=10.77.0.112/24 -e fabric=ib-a
+
+Controller state (known_hosts, fleet CA, registry) lives under the test's directory; the VM is removed afterwards.
+"""
+
+import os
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes
+from cryptography.x509.oid import NameOID
+from onboard_e2e import Controller, lab_engine, lab_session
+
+from ansible_collections.llmgw.fleet.plugins.module_utils import ggml_cpu_variants as gcv
+
+NODE, OCTET = "on-add", 112
+
+
+@pytest.fixture(scope="module")
+def lab():
+    yield from lab_session()
+
+
+@pytest.fixture(scope="module")
+def engine():
+    return lab_engine()
+
+
+def changed_everywhere(run):
+    """Changed tasks over every host of the run (the controller and the node)."""
+    return sum(stats["changed"] for stats in run.report["stats"].values())
+
+
+def changed_tasks(run):
+    return [task["task"]["name"] for play in run.report["plays"] for task in play["tasks"]
+            if any(result.get("changed") for result in task["hosts"].values())]
+
+
+def colon_fingerprint(cert):
+    return ":".join("%02x" % b for b in cert.fingerprint(hashes.SHA256()))
+
+
+def test_add_node_from_nothing_to_ready_then_nothing_to_change(lab, engine, tmp_path):
+    controller = Controller(tmp_path, engine)
+    options = dict(fabric="ib-a", gpus=2, gpu_type="sim")
+
+    predicted = controller.play("add_node", NODE, OCTET, check=True, **options)
+    assert not predicted.failed, predicted.failure_messages()
+    assert changed_everywhere(predicted) > 0
+    assert lab.vm(NODE) is None and controller.record(NODE) is None
+
+    first = controller.play("add_node", NODE, OCTET, **options)
+    assert not first.failed, first.failure_messages()
+    (timing,) = first.results("Print the time from nothing to ready")
+    assert timing["msg"].startswith("on-add is ready: ") and "from nothing to registered ready" in timing["msg"]
+    print(timing["msg"])  # the figure, for people (pytest -s); no assertion on time
+
+    record = controller.record(NODE)
+    with open("/proc/cpuinfo") as handle:
+        host_variant = gcv.predict(gcv.parse_cpuinfo_flags(handle.read()))["variant"]
+    with open(os.path.join(controller.ca_dir, "nodes", NODE, "node.crt"), "rb") as handle:
+        cert = x509.load_pem_x509_certificate(handle.read())
+    assert record["state"] == "ready" and record["reasons"] == []
+    assert (record["address"], record["vmid"], record["proxmox_node"]) == ("10.77.0.112", 1112, lab.node)
+    assert (record["fabric"], record["gpu_count"], record["gpu_type"]) == ("ib-a", 2, "sim")
+    assert (record["cpu_variant"], record["engine_version"]) == (host_variant, "b11434")
+    assert record["cert_fingerprint"] == colon_fingerprint(cert)
+    assert cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == NODE
+
+    on_node = controller.ssh(NODE, OCTET, "hostname; sudo stat -c '%n %a %U' /etc/llmgw/tls/ca.crt "
+                             "/etc/llmgw/tls/node.crt /etc/llmgw/tls/node.key; sudo cat /etc/llmgw/tls/node.crt")
+    lines = on_node.splitlines()
+    assert lines[:4] == [NODE, "/etc/llmgw/tls/ca.crt 644 root", "/etc/llmgw/tls/node.crt 644 root",
+                         "/etc/llmgw/tls/node.key 600 root"]
+    assert x509.load_pem_x509_certificate("\n".join(lines[4:]).encode()) == cert
+
+    second = controller.play("add_node", NODE, OCTET, **options)
+    assert not second.failed, second.failure_messages()
+    assert set(second.report["stats"]) == {"localhost", NODE}
+    assert changed_everywhere(second) == 0, changed_tasks(second)
+    assert controller.record(NODE) == record
+
+    again = controller.play("add_node", NODE, OCTET, check=True, **options)
+    assert not again.failed, again.failure_messages()
+    assert set(again.report["stats"]) == {"localhost", NODE}
+    assert changed_everywhere(again) == 0, changed_tasks(again)

@@ -1,0 +1,134 @@
+"""Every way a node is refused by add_node / onboard_node on the lab: the plain message, and never ready.
+
+Each refusal leaves the node in the registry as pending with the same message as its reason (so `bin/fleet status`
+shows why). The kvm64 node is a real QEMU guest (slow to boot, slow to run Ansible on), so it is provisioned once,
+in the background, while the other refusals run, and onboarded by the last test.
+"""
+
+import json
+import os
+import subprocess
+
+import pytest
+from helpers import BIN, PlaybookRun, ansible_env
+from onboard_e2e import INVENTORY, Controller, assert_refused_not_ready, lab_engine, lab_session, task_results
+from pve_vm_e2e import TIMEOUT
+from test_engine_checks import copy_engine, pack, wrap_help
+
+KVM64_NODE, KVM64_OCTET = "on-kvm64", 119
+
+
+@pytest.fixture(scope="module")
+def lab():
+    yield from lab_session()
+
+
+@pytest.fixture(scope="module")
+def engine():
+    return lab_engine()
+
+
+class Background:
+    """One ansible-playbook run started now and collected later."""
+
+    def __init__(self, argv, env):
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+    def result(self):
+        stdout, stderr = self.proc.communicate(timeout=TIMEOUT)
+        return PlaybookRun(subprocess.CompletedProcess(self.proc.args, self.proc.returncode, stdout, stderr))
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.communicate()
+
+
+@pytest.fixture(scope="module")
+def kvm64_node(lab, engine, tmp_path_factory):
+    """The one kvm64 VM of these tests: add_node runs for it in the background from the start of the module (a QEMU
+    TCG guest takes minutes to boot and to run Ansible on), and the last test reads what it did."""
+    controller = Controller(tmp_path_factory.mktemp("kvm64"), engine)
+    extra = controller.extra_vars(KVM64_NODE, KVM64_OCTET, cpu="kvm64", allow_slow_cpu=True, provision_cores=2,
+                                  provision_wait_timeout=600)
+    argv = [os.path.join(BIN, "ansible-playbook"), "-i", INVENTORY, "llmgw.fleet.add_node", "-e", json.dumps(extra)]
+    adding = Background(argv, ansible_env())
+    try:
+        yield controller, adding
+    finally:
+        adding.stop()
+
+
+@pytest.fixture
+def controller(tmp_path, engine, kvm64_node):
+    # Asking for kvm64_node here starts the kvm64 node with the first test of the module.
+    return Controller(tmp_path, engine)
+
+
+def broken_archive(engine, tmp_path, filter_command):
+    """The lab engine re-packed with llama-server's --help passed through ``filter_command``."""
+    tree = copy_engine(engine, tmp_path / "llama-b11434")
+    wrap_help(tree, "llama-server", filter_command)
+    archive, digest = pack(tree, str(tmp_path))
+    return {"fleet_engine_archive": archive, "fleet_engine_archive_sha256": digest}
+
+
+def test_without_libgomp1_and_its_install_disabled_the_node_is_refused_then_the_fix_makes_it_ready(controller):
+    node, octet = "on-gomp", 113
+    refused = controller.play("add_node", node, octet, install_runtime_deps=False)
+    assert_refused_not_ready(controller, refused, node, "on-gomp cannot serve with this engine",
+                             "libgomp.so.1 is not installed", "apt-get install libgomp1")
+    fixed = controller.play("onboard_node", node, octet)
+    assert not fixed.failed, fixed.failure_messages()
+    record = controller.record(node)
+    assert record["state"] == "ready" and record["reasons"] == []
+
+
+def test_an_engine_whose_help_lacks_a_flag_is_refused_naming_flag_and_version(controller, engine, tmp_path):
+    node, octet = "on-norpc", 114
+    run = controller.play("add_node", node, octet, **broken_archive(engine, tmp_path, "grep -v '^--rpc '"))
+    record = assert_refused_not_ready(controller, run, node, "on-norpc cannot serve with this engine",
+                                      "llama.cpp b11434 on this node lacks flags", "llama-server does not offer --rpc")
+    assert record["engine_version"] == "b11434"
+    assert not any("looks truncated" in m for m in run.failure_messages())
+
+
+def test_a_help_cut_short_warns_and_is_refused(controller, engine, tmp_path):
+    node, octet = "on-cut", 115
+    run = controller.play("add_node", node, octet, **broken_archive(engine, tmp_path, "head -n 400"))
+    assert_refused_not_ready(controller, run, node, "on-cut cannot serve with this engine",
+                             "llama-server does not offer --port", "looks truncated")
+    (flags,) = task_results(run, "Check every flag the launcher may pass against the engine's --help")
+    assert any("400 lines" in warning for warning in flags["warnings"])
+
+
+def test_a_hostname_or_vm_name_that_is_not_the_nodes_name_is_refused_naming_both(controller, lab):
+    node, octet = "on-name", 116
+    provisioned = controller.play("provision_node", node, octet)
+    assert not provisioned.failed, provisioned.failure_messages()
+    controller.ssh(node, octet, "sudo hostname on-other")
+    run = controller.play("onboard_node", node, octet)
+    assert_refused_not_ready(controller, run, node, "the node at 10.77.0.116 has hostname on-other, not its name "
+                             "on-name", "onboard it under the name on-other")
+    assert not os.path.exists(os.path.join(controller.ca_dir, "nodes", node, "node.crt"))
+
+    controller.ssh(node, octet, "sudo hostname on-name")
+    lab.client.update_config(lab.node, 1116, {"name": "on-renamed"}, TIMEOUT)
+    run = controller.play("onboard_node", node, octet)
+    assert_refused_not_ready(controller, run, node, "the VM at 10.77.0.116 (VMID 1116) is named on-renamed on "
+                             "Proxmox VE, not on-name", "qm set 1116 --name on-name")
+
+
+def test_a_kvm64_vm_really_loads_x64_and_is_refused_naming_cpu_type_flags_and_fix(kvm64_node):
+    controller, adding = kvm64_node
+    run = adding.result()
+    (provisioned,) = task_results(run, "Clone, configure and start the VM")
+    assert provisioned["cpu"] == "kvm64"
+    assert_refused_not_ready(controller, run, KVM64_NODE, "on-kvm64 cannot serve with this engine",
+                             "would run llama.cpp's x64", "the VM's CPU type kvm64 hides", "avx2", "cpu: host")
+    (cpu,) = task_results(run, "Check the CPU backend llama.cpp loads here")
+    assert cpu["loaded"] == "x64" == cpu["predicted"]
+    assert cpu["load_backend_line"].endswith("/libggml-cpu-x64.so")
+    assert controller.record(KVM64_NODE)["cpu_variant"] == "x64"
+    assert not any(r.get("msg", "").startswith("on-kvm64 is ready")
+                   for r in task_results(run, "Print the time from nothing to ready"))

@@ -1,0 +1,329 @@
+"""Replicas on the lab, end to end: the seed's scenario with real playbooks, real systemd units and real engines.
+
+Four lab nodes on two fabrics (ib-a: rp-node01, rp-node02; ib-b: rp-node03, rp-node04; eight simulated GPUs each)
+made with provision_node.yml and registered ready with fleet_node. Then, in order (the tests share the fleet):
+check mode prints a placement and records nothing; a two-node simulated replica on each fabric, a request served
+through each leader, only the leader listening on a port; a second run changes nothing; a real two-node llama.cpp
+replica (ggml-rpc-server + llama-server --rpc) answers a completion and is removed; the adoption case (a ready
+replica with its rank 0 gone is failed and replaced, never left ready); and node loss: rp-node02's VM stopped
+through the Proxmox API, after node_lost_after it is lost, the ib-a replica failed and reaped, its replacement
+ready on ib-b while rp-node01 stays idle. The times (lost detected, replacement ready) are printed at the end.
+
+The lab is shared: these tests use addresses 10.77.0.131-134 and VM names rp-*, keep their registry and
+known_hosts under a temporary directory, and destroy their VMs at the end (unless LLMGW_LAB_KEEP_VMS=1).
+"""
+
+import datetime
+import hashlib
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+from helpers import REPO, ansible_env, run_playbook
+from pve_vm_e2e import Lab
+
+from ansible_collections.llmgw.fleet.plugins.module_utils.fleet_registry import FleetRegistry
+
+LAB_INVENTORY = os.path.join(REPO, "inventories", "lab", "hosts.yml")
+NODES = {
+    "rp-node01": ("10.77.0.131", "ib-a"),
+    "rp-node02": ("10.77.0.132", "ib-a"),
+    "rp-node03": ("10.77.0.133", "ib-b"),
+    "rp-node04": ("10.77.0.134", "ib-b"),
+}
+LOST_AFTER = 10
+TIMES = {}
+
+pytestmark = pytest.mark.skipif(not os.path.exists(os.path.join(REPO, ".lab", "connection.yml")),
+                                reason="the lab is not up (make lab-up)")
+
+
+def load_lab_script(name):
+    spec = importlib.util.spec_from_file_location("engine_" + name,
+                                                  os.path.join(REPO, "tests", "lab", "engine", name + ".py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class Fleet:
+    """The test's fleet: its registry, known_hosts and model catalogue, and ways to reach its nodes."""
+
+    def __init__(self, root):
+        self.root = str(root)
+        self.db = os.path.join(self.root, "fleet.db")
+        self.known_hosts = os.path.join(self.root, "known_hosts")
+        self.models = {"sim-coder": {"engine": "sim", "shards": 2, "gpus_per_shard": 4}}
+        with open(os.path.join(REPO, ".lab", "connection.yml")) as handle:
+            import yaml
+            self.lab = yaml.safe_load(handle)
+
+    def vars(self, **extra):
+        out = {"fleet_registry": self.db, "fleet_known_hosts_file": self.known_hosts, "fleet_models": self.models}
+        out.update(extra)
+        return out
+
+    def play(self, playbook, check=False, **extra):
+        path = playbook if os.path.isabs(playbook) else os.path.join(REPO, "playbooks", playbook)
+        started = time.monotonic()
+        run = run_playbook(path, self.vars(**extra), check=check, inventory=LAB_INVENTORY)
+        shown = " ".join("%s=%s" % kv for kv in sorted(extra.items()) if isinstance(kv[1], (str, int)))
+        print("  %s %s: %.1f s" % (os.path.basename(path), shown, time.monotonic() - started))
+        return run
+
+    def ssh(self, node, command, check=True):
+        address = NODES[node][0]
+        proc = subprocess.run(
+            ["ssh", "-i", self.lab["ssh_private_key"], "-o", "BatchMode=yes", "-o", "ConnectTimeout=5",
+             "-o", "HostKeyAlias=" + node, "-o", "UserKnownHostsFile=" + self.known_hosts,
+             "-o", "StrictHostKeyChecking=yes", "debian@" + address, command],
+            capture_output=True, text=True, timeout=60, check=False)
+        if check:
+            assert proc.returncode == 0, (node, command, proc.stderr)
+        return proc
+
+    def replica(self, name):
+        with FleetRegistry(self.db) as registry:
+            return registry.get_replica(name)
+
+    def node(self, name):
+        with FleetRegistry(self.db) as registry:
+            return registry.get_node(name)
+
+
+def ok(run):
+    assert not run.failed, "\n".join(str(m) for m in run.failure_messages()) + run.stderr[-3000:]
+    return run
+
+
+def complete(replica, prompt="hello fleet"):
+    leader = replica["shards"][0]["address"]
+    request = urllib.request.Request("http://%s:%d/v1/completions" % (leader, replica["port"]),
+                                     data=json.dumps({"prompt": prompt, "max_tokens": 4}).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as answer:
+        return json.load(answer)
+
+
+def epoch(stamp):
+    return datetime.datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.timezone.utc).timestamp()
+
+
+def listening_ports(fleet, node):
+    """TCP ports something listens on, on the node (ss), but for ssh."""
+    out = fleet.ssh(node, "ss -Htln").stdout
+    ports = {int(line.split()[3].rsplit(":", 1)[1]) for line in out.splitlines() if line.strip()}
+    return ports - {22}
+
+
+def destroy_vms(fleet):
+    run_playbook(os.path.join(fleet.root, "destroy.yml"), fleet.vars(), inventory=LAB_INVENTORY)
+
+
+def provision_in_parallel(fleet):
+    """provision_node.yml for the four nodes at once, each with its own known_hosts (merged afterwards)."""
+    procs = {}
+    for name, (address, _fabric) in sorted(NODES.items()):
+        argv = [os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), "-i", LAB_INVENTORY,
+                os.path.join(REPO, "playbooks", "provision_node.yml"), "-e", json.dumps(fleet.vars(
+                    node=name, address=address + "/24", fleet_known_hosts_file=fleet.known_hosts + "." + name))]
+        procs[name] = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                       env=ansible_env(), cwd=REPO)
+    for name, proc in procs.items():
+        out = proc.communicate(timeout=600)[0]
+        assert proc.returncode == 0, (name, out[-3000:])
+    with open(fleet.known_hosts, "w") as merged:
+        for name in sorted(NODES):
+            with open(fleet.known_hosts + "." + name) as part:
+                merged.write(part.read())
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory):
+    fleet = Fleet(tmp_path_factory.mktemp("replicas"))
+    with open(os.path.join(fleet.root, "destroy.yml"), "w") as handle:
+        handle.write(
+            "- hosts: localhost\n  gather_facts: false\n"
+            "  module_defaults:\n    group/llmgw.fleet.proxmox: '{{ fleet_proxmox }}'\n"
+            "  tasks:\n    - name: Destroy the test's VMs\n      llmgw.fleet.pve_vm:\n"
+            "        name: '{{ item }}'\n        state: absent\n      loop: %s\n" % json.dumps(sorted(NODES)))
+    destroy_vms(fleet)
+    try:
+        provision_in_parallel(fleet)
+        register = os.path.join(fleet.root, "register.yml")
+        with open(register, "w") as handle:
+            handle.write(
+                "- hosts: localhost\n  gather_facts: false\n  tasks:\n"
+                "    - name: Register the nodes ready\n      llmgw.fleet.fleet_node:\n"
+                "        name: '{{ item.name }}'\n        address: '{{ item.address }}'\n"
+                "        fabric: '{{ item.fabric }}'\n        gpus: 8\n        gpu_type: sim\n"
+                "        status: ready\n        last_seen: now\n        db: '{{ fleet_registry }}'\n"
+                "      loop: %s\n" % json.dumps([{"name": n, "address": a, "fabric": f}
+                                                 for n, (a, f) in sorted(NODES.items())]))
+        ok(fleet.play(register))
+        yield fleet
+    finally:
+        if os.environ.get("LLMGW_LAB_KEEP_VMS") != "1":
+            destroy_vms(fleet)
+
+
+def test_check_mode_prints_the_placement_and_records_nothing(fleet):
+    run = ok(fleet.play("place_replica.yml", check=True, replica="coder-a", model="sim-coder", fabric="ib-a"))
+    (shown,) = run.results("Show the placement")
+    assert shown["msg"].split() == ["coder-a:", "place", "on", "ib-a:", "rp-node01,", "rp-node02"]
+    assert fleet.replica("coder-a") is None
+    assert fleet.ssh("rp-node01", "ls /etc/systemd/system/ | grep -c llmgw-shard || true").stdout.strip() == "0"
+
+
+def test_a_simulated_replica_on_each_fabric_serves_through_its_leader_only(fleet):
+    for name, fabric in (("coder-a", "ib-a"), ("coder-b", "ib-b")):
+        ok(fleet.play("place_replica.yml", replica=name, model="sim-coder", fabric=fabric))
+        replica = fleet.replica(name)
+        assert replica["state"] == "ready", replica
+        assert {s["fabric"] for s in replica["shards"]} == {fabric}
+        assert [s["state"] for s in replica["shards"]] == ["active", "active"]
+        assert [len(s["gpus"]) for s in replica["shards"]] == [4, 4]
+        answer = complete(replica)
+        assert answer["choices"][0]["text"].startswith("sim %s rank0+1:" % name)
+        leader, worker = replica["shards"][0]["node"], replica["shards"][1]["node"]
+        assert listening_ports(fleet, leader) == {replica["port"], replica["port"] + 1}
+        assert listening_ports(fleet, worker) == set(), "the worker must serve nothing"
+        env = fleet.ssh(worker, "systemctl show -p Environment llmgw-shard-%s-1.service" % name).stdout
+        for expected in ("LLMGW_SHARDS=2", "LLMGW_RANK=1", "LLMGW_LEADER_ADDRESS=%s" % replica["shards"][0]["address"],
+                         "LLMGW_PORT=%d" % replica["port"]):
+            assert expected in env
+
+
+def test_a_second_run_changes_nothing(fleet):
+    run = ok(fleet.play("place_replica.yml", replica="coder-a", model="sim-coder", fabric="ib-a"))
+    assert run.changed == 0, [t["task"]["name"] for p in run.report["plays"] for t in p["tasks"]
+                              if any(h.get("changed") for h in t["hosts"].values())]
+
+
+def test_a_two_node_llama_cpp_replica_answers_a_completion(fleet, tmp_path):
+    engine = load_lab_script("build").build()
+    model = os.path.join(fleet.root, "tiny.gguf")
+    load_lab_script("tiny_model").write(model)
+    with open(model, "rb") as handle:
+        digest = hashlib.sha256(handle.read()).hexdigest()
+    fleet.models["tiny-llama"] = {"engine": "llama.cpp", "shards": 2, "gpus_per_shard": 0, "file": model,
+                                  "sha256": digest, "options": {"context": 256, "threads": 1}}
+    playbook = tmp_path / "engine.yml"
+    playbook.write_text(
+        "- hosts: localhost\n  gather_facts: false\n  tasks:\n"
+        "    - name: Connect\n      ansible.builtin.include_role:\n        name: llmgw.fleet.replica\n"
+        "        tasks_from: connect.yml\n      vars:\n        replica_connect_units: %s\n"
+        "- hosts: llmgw_replica_nodes\n  gather_facts: false\n  roles:\n"
+        "    - role: llmgw.fleet.engine\n      engine_archive: %s\n      engine_archive_sha256: %s\n"
+        % (json.dumps([{"node": n, "address": NODES[n][0]} for n in ("rp-node03", "rp-node04")]),
+           engine["archive"], engine["sha256"]))
+    ok(fleet.play(str(playbook)))
+    ok(fleet.play("place_replica.yml", replica="tiny-a", model="tiny-llama", fabric="ib-b"))
+    replica = fleet.replica("tiny-a")
+    assert replica["state"] == "ready" and replica["engine"] == "llama.cpp"
+    leader, worker = replica["shards"][0], replica["shards"][1]
+    argv = fleet.ssh(leader["node"], "systemctl show -p ExecStart --value %s" % "llmgw-shard-tiny-a-0.service").stdout
+    assert "--rpc %s:%d" % (worker["address"], replica["port"] + 1) in argv
+    assert "ggml-rpc-server" in fleet.ssh(worker["node"], "systemctl show -p ExecStart --value "
+                                                          "llmgw-shard-tiny-a-1.service").stdout
+    answer = complete(replica)
+    assert answer["usage"]["completion_tokens"] > 0
+    journal = fleet.ssh(worker["node"], "sudo journalctl -u llmgw-shard-tiny-a-1.service --no-pager -o cat").stdout
+    assert "Accepted client connection" in journal, "rank 0 never connected to its RPC worker"
+    # The model went to rank 0 only (the RPC worker gets its tensors over the wire), checked by hash.
+    found = fleet.ssh(worker["node"], "ls /var/lib/llmgw/models/tiny-llama 2>/dev/null || true").stdout
+    assert found.strip() == ""
+    remote = fleet.ssh(leader["node"], "sha256sum /var/lib/llmgw/models/tiny-llama/tiny.gguf").stdout.split()[0]
+    assert remote == digest
+
+    ok(fleet.play("place_replica.yml", replica="tiny-a", state="absent"))
+    assert fleet.replica("tiny-a") is None
+    for shard in (leader, worker):
+        state = fleet.ssh(shard["node"], "systemctl is-active llmgw-shard-tiny-a-%d.service" % shard["rank"],
+                          check=False).stdout.strip()
+        assert state != "active"
+
+
+def test_a_shard_that_does_not_come_up_fails_the_replica_naming_it_with_its_journal(fleet):
+    """A llama.cpp replica whose model file is not a GGUF (its sha256 declared, so it is copied): rank 0 dies."""
+    broken = os.path.join(fleet.root, "broken.gguf")
+    with open(broken, "wb") as handle:
+        handle.write(b"this is not a GGUF file\n" * 64)
+    with open(broken, "rb") as handle:
+        digest = hashlib.sha256(handle.read()).hexdigest()
+    fleet.models["broken"] = {"engine": "llama.cpp", "shards": 2, "gpus_per_shard": 0, "file": broken,
+                              "sha256": digest}
+    run = fleet.play("place_replica.yml", replica="broken-a", model="broken", fabric="ib-b", replica_wait_timeout=8)
+    assert run.failed
+    replica = fleet.replica("broken-a")
+    assert replica["state"] == "failed"
+    (reason,) = replica["reasons"]
+    leader = replica["shards"][0]
+    assert reason.startswith("rank 0 on %s (llmgw-shard-broken-a-0.service) did not come up (failed)" % leader["node"])
+    assert "last journal lines:" in reason and "gguf" in reason.lower(), reason
+    assert [s["state"] for s in replica["shards"]] == ["failed", "starting"]
+    assert any("replica broken-a failed: rank 0 on" in m for m in run.failure_messages())
+    ok(fleet.play("place_replica.yml", replica="broken-a", state="absent"))
+    assert fleet.replica("broken-a") is None
+
+
+def test_adoption_a_ready_replica_without_its_rank0_is_failed_and_replaced(fleet):
+    before = fleet.replica("coder-b")
+    leader = before["shards"][0]["node"]
+    fleet.ssh(leader, "sudo systemctl stop llmgw-shard-coder-b-0.service")
+    run = ok(fleet.play("reconcile.yml", node_lost_after=LOST_AFTER))
+    (result,) = run.results("Record nodes seen and lost, fail the replicas that lost a node or a shard")
+    (failed,) = result["failed_replicas"]
+    assert failed["name"] == "coder-b" and failed["kind"] == "short"
+    assert "runs 1 of its 2 shards (rank 0 on %s not running)" % leader in failed["reason"]
+    assert [s["rank"] for s in failed["reaped_shards"]] == [1]
+    with FleetRegistry(fleet.db) as registry:
+        states = [e["detail"] for e in registry.events("coder-b") if e["event"] == "state"]
+    assert any(d.startswith("ready -> failed: runs 1 of its 2 shards") for d in states), states
+    after = fleet.replica("coder-b")
+    assert after["state"] == "ready" and after["shards"] == before["shards"]
+    assert complete(after)["choices"][0]["text"].startswith("sim coder-b rank0+1:")
+
+
+def test_a_lost_node_fails_and_reaps_its_replica_and_the_replacement_is_ready_on_the_other_fabric(fleet):
+    ok(fleet.play("reconcile.yml", node_lost_after=LOST_AFTER))  # everyone seen just now
+    vmid = 1000 + int(NODES["rp-node02"][0].rsplit(".", 1)[1])
+    lab = Lab()
+    lab.client.stop_vm(lab.node, vmid, 120)
+    stopped = time.time()
+    result = None
+    while time.time() - stopped < 180:
+        run = ok(fleet.play("reconcile.yml", node_lost_after=LOST_AFTER))
+        (result,) = run.results("Record nodes seen and lost, fail the replicas that lost a node or a shard")
+        if result["lost_nodes"]:
+            break
+        time.sleep(2)
+    TIMES["reconcile returned"] = time.time() - stopped
+    assert result["lost_nodes"] == ["rp-node02"]
+    assert fleet.node("rp-node02")["state"] == "lost"
+    (failed,) = result["failed_replicas"]
+    assert failed["name"] == "coder-a" and failed["kind"] == "lost" and failed["action"] == "move"
+    assert failed["fabric"] == "ib-b"
+    assert [(s["node"], s["rank"]) for s in failed["reaped_shards"]] == [("rp-node01", 0)]
+    replica = fleet.replica("coder-a")
+    assert replica["state"] == "ready", replica
+    assert {s["node"] for s in replica["shards"]} == {"rp-node03", "rp-node04"}
+    assert complete(replica)["choices"][0]["text"].startswith("sim coder-a rank0+1:")
+    node01 = fleet.node("rp-node01")
+    assert node01["free_gpus"] == 8 and node01["shards"] == []
+    assert fleet.ssh("rp-node01", "systemctl is-active llmgw-shard-coder-a-0.service",
+                     check=False).stdout.strip() != "active"
+    assert listening_ports(fleet, "rp-node01") == set()
+    with FleetRegistry(fleet.db) as registry:
+        lost_at = [e["at"] for e in registry.events("rp-node02") if e["detail"].startswith("ready -> lost")][-1]
+        ready_at = [e["at"] for e in registry.events("coder-a") if "-> ready" in e["detail"]][-1]
+    TIMES["lost detected"] = epoch(lost_at) - stopped
+    TIMES["replacement ready"] = epoch(ready_at) - stopped
+    figures = (LOST_AFTER, TIMES["lost detected"], TIMES["replacement ready"], TIMES["reconcile returned"])
+    print("\nnode loss, node_lost_after=%d s: rp-node02 lost at t+%.0f s, replacement ready on ib-b at t+%.0f s "
+          "(reconcile returned at t+%.0f s)" % figures)

@@ -1,0 +1,60 @@
+import datetime
+
+from ansible_collections.llmgw.fleet.plugins.module_utils import reconcile
+
+NOW = datetime.datetime(2026, 12, 2, 12, 0, 0, tzinfo=datetime.timezone.utc)
+
+
+def node(name, last_seen="2026-12-02T11:59:55Z", state="ready"):
+    return {"name": name, "state": state, "last_seen": last_seen}
+
+
+def replica(name, nodes, state="ready"):
+    return {"name": name, "state": state, "shard_count": len(nodes),
+            "shards": [{"rank": i, "node": n} for i, n in enumerate(nodes)]}
+
+
+def units(name, ranks):
+    return ["llmgw-shard-%s-%d.service" % (name, r) for r in ranks]
+
+
+def test_a_node_unseen_longer_than_lost_after_is_lost_and_a_recent_one_is_not():
+    nodes = [node("n1"), node("n2", "2026-12-02T11:59:00Z"), node("n3", None), node("n4", "2026-12-02T11:00:00Z")]
+    probes = {"n1": {"reachable": False}, "n2": {"reachable": False, "error": "No route to host"},
+              "n3": {"reachable": False}, "n4": {"reachable": True}}
+    verdicts = reconcile.node_verdicts(nodes, probes, NOW, lost_after=10)
+    assert verdicts["n1"] == {"verdict": "unseen", "unseen_for": 5.0}
+    assert verdicts["n2"]["verdict"] == "lost" and "unseen for 60 s" in verdicts["n2"]["reason"]
+    assert verdicts["n2"]["reason"].endswith("No route to host")
+    assert verdicts["n3"]["verdict"] == "lost" and verdicts["n3"]["reason"] == "never seen"
+    assert verdicts["n4"] == {"verdict": "seen"}
+    assert reconcile.node_verdicts(nodes, probes, NOW)["n2"]["verdict"] == "unseen"  # default 60 s
+
+
+def test_a_replica_on_a_lost_node_fails_whatever_its_state():
+    found = reconcile.replica_verdicts([replica("a", ["n1", "n2"], state="starting")],
+                                       {"n1": "ready", "n2": "lost"}, {})
+    assert found == [{"name": "a", "kind": "lost", "reason": "lost node n2"}]
+
+
+def test_adoption_a_ready_replica_running_fewer_shards_fails_naming_the_missing_ones():
+    probes = {"n1": {"reachable": True, "active_units": []},
+              "n2": {"reachable": True, "active_units": units("a", [1])}}
+    (found,) = reconcile.replica_verdicts([replica("a", ["n1", "n2"])], {"n1": "ready", "n2": "ready"}, probes)
+    assert found["kind"] == "short" and found["running"] == [1] and found["missing"] == [0]
+    assert found["reason"] == "runs 1 of its 2 shards (rank 0 on n1 not running)"
+
+
+def test_a_whole_replica_a_launching_one_and_one_on_an_unreached_node_are_left_alone():
+    probes = {"n1": {"reachable": True, "active_units": units("a", [0]) + units("b", [0])},
+              "n2": {"reachable": True, "active_units": units("a", [1])},
+              "n3": {"reachable": False}}
+    states = {"n1": "ready", "n2": "ready", "n3": "ready"}
+    replicas = [replica("a", ["n1", "n2"]), replica("b", ["n1", "n3"]), replica("c", ["n2", "n1"], state="starting")]
+    assert reconcile.replica_verdicts(replicas, states, probes) == []
+
+
+def test_systemctl_list_units_output_is_parsed():
+    text = ("llmgw-shard-a-0.service loaded active running llmgw a rank 0\n"
+            "llmgw-shard-b-1.service loaded active running llmgw b rank 1\n\n")
+    assert reconcile.parse_active_units(text) == ["llmgw-shard-a-0.service", "llmgw-shard-b-1.service"]

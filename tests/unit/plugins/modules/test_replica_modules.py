@@ -1,0 +1,100 @@
+"""fleet_reconcile and fleet_replica_plan through ansible-playbook against a registry file: check mode predicts
+and changes nothing, apply records, a second apply changes nothing."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from ansible_collections.llmgw.fleet.plugins.module_utils.fleet_registry import FleetRegistry
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
+COLLECTIONS = os.path.join(REPO, ".build", "collections")
+NOW = "2026-12-02T12:00:00Z"
+
+
+def run_task(tmp_path, db, module, args, check=False):
+    path = tmp_path / "play.json"
+    path.write_text(json.dumps([{"hosts": "localhost", "gather_facts": False,
+                                 "tasks": [{"name": "t", module: args}]}]))
+    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=COLLECTIONS, ANSIBLE_STDOUT_CALLBACK="ansible.builtin.json",
+               LLMGW_FLEET_DB=db, ANSIBLE_NOCOLOR="1", ANSIBLE_LOCALHOST_WARNING="0",
+               ANSIBLE_INVENTORY_UNPARSED_WARNING="0", ANSIBLE_PYTHON_INTERPRETER=sys.executable)
+    env.pop("PYTHONPATH", None)
+    argv = [os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), "-i", "localhost,", "-c", "local",
+            str(path)] + (["--check"] if check else [])
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300, check=False)
+    report = json.loads(proc.stdout[proc.stdout.index("{"):])
+    return report["plays"][0]["tasks"][0]["hosts"]["localhost"]
+
+
+@pytest.fixture
+def fleet_db(tmp_path):
+    db = str(tmp_path / "fleet.db")
+    with FleetRegistry(db) as registry:
+        for i, fabric in ((1, "ib-a"), (2, "ib-a"), (3, "ib-b"), (4, "ib-b")):
+            registry.put_node("node0%d" % i, fabric=fabric, gpu_count=8, state="ready",
+                              address="10.77.0.13%d" % i, last_seen="2026-12-02T11:59:00Z")
+        for name, nodes in (("coder-a", ("node01", "node02")), ("coder-b", ("node03", "node04"))):
+            registry.put_replica(name, model="sim-coder", engine="sim", shard_count=2, gpus_per_shard=4, port=8080,
+                                 state="ready")
+            registry.set_shards(name, [{"rank": r, "node": n, "gpus": [0, 1, 2, 3]} for r, n in enumerate(nodes)])
+    return db
+
+
+def probes(unreachable=(), stopped=()):
+    out = []
+    for i in range(1, 5):
+        name = "node0%d" % i
+        replica = "coder-a" if i < 3 else "coder-b"
+        unit = "llmgw-shard-%s-%d.service" % (replica, (i - 1) % 2)
+        active = "" if unit in stopped else "%s loaded active running x\n" % unit
+        out.append({"node": name, "reachable": name not in unreachable, "active_units": active,
+                    "error": "No route to host" if name in unreachable else ""})
+    return out
+
+
+def test_a_lost_node_moves_its_replica_and_check_mode_predicts_it(fleet_db, tmp_path):
+    args = {"probes": probes(unreachable=["node02"]), "node_lost_after": 10, "now": NOW}
+    with FleetRegistry(fleet_db) as registry:
+        before = registry.snapshot()
+    check = run_task(tmp_path, fleet_db, "llmgw.fleet.fleet_reconcile", args, check=True)
+    with FleetRegistry(fleet_db) as registry:
+        assert registry.snapshot() == before
+    apply = run_task(tmp_path, fleet_db, "llmgw.fleet.fleet_reconcile", args)
+    assert check["changed"] and apply["changed"]
+    assert check["failed_replicas"] == apply["failed_replicas"]
+    (failed,) = apply["failed_replicas"]
+    assert (failed["name"], failed["kind"], failed["action"], failed["fabric"]) == ("coder-a", "lost", "move", "ib-b")
+    assert failed["reaped_shards"] == [{"rank": 0, "node": "node01", "address": "10.77.0.131",
+                                        "unit": "llmgw-shard-coder-a-0.service"}]
+    assert apply["lost_nodes"] == ["node02"] and apply["relaunch"] == ["coder-a"]
+    assert "unseen for 60 s" in apply["nodes"]["node02"]["reason"]
+    with FleetRegistry(fleet_db) as registry:
+        moved = registry.get_replica("coder-a")
+        assert moved["state"] == "placing" and {s["node"] for s in moved["shards"]} == {"node03", "node04"}
+        assert registry.get_node("node01")["free_gpus"] == 8
+    again = run_task(tmp_path, fleet_db, "llmgw.fleet.fleet_reconcile", args)
+    assert not again["changed"] and again["failed_replicas"] == []
+
+    plan = run_task(tmp_path, fleet_db, "llmgw.fleet.fleet_replica_plan", {"name": "coder-a"}, check=True)
+    assert plan["changed"] and plan["plan"]["port"] == 8082, "coder-b holds 8080 on node03 and node04"
+    with FleetRegistry(fleet_db) as registry:
+        assert registry.get_replica("coder-a")["port"] == 8080
+    plan = run_task(tmp_path, fleet_db, "llmgw.fleet.fleet_replica_plan", {"name": "coder-a"})
+    assert plan["changed"] and plan["replica"]["port"] == 8082
+    assert run_task(tmp_path, fleet_db, "llmgw.fleet.fleet_replica_plan", {"name": "coder-a"})["changed"] is False
+
+
+def test_adoption_a_ready_replica_short_of_a_shard_is_failed_for_relaunch_never_left_ready(fleet_db, tmp_path):
+    args = {"probes": probes(stopped=["llmgw-shard-coder-b-0.service"]), "node_lost_after": 10, "now": NOW}
+    apply = run_task(tmp_path, fleet_db, "llmgw.fleet.fleet_reconcile", args)
+    (failed,) = apply["failed_replicas"]
+    assert failed["reason"] == "runs 1 of its 2 shards (rank 0 on node03 not running)"
+    assert failed["action"] == "relaunch" and [s["rank"] for s in failed["reaped_shards"]] == [1]
+    assert apply["relaunch"] == ["coder-b"] and apply["lost_nodes"] == []
+    with FleetRegistry(fleet_db) as registry:
+        replica = registry.get_replica("coder-b")
+    assert replica["state"] == "failed" and len(replica["shards"]) == 2
