@@ -78,12 +78,11 @@ def vm_named(api, name):
     return next((g for g in api.qemu_vms() if g.get("name") == name), None)
 
 
-def add_node(name, address, engine):
+def add_node(name, address):
+    # The lab inventory installs the engine lab_engine() built (its archive and sha256 are in lab.json).
     argv = [os.path.join(BIN, "ansible-playbook"), "-i", os.path.join(REPO, "inventories", "lab"),
-            "llmgw.fleet.add_node", "-e", "node=" + name, "-e", "address=" + address, "-e", "fabric=" + FABRIC,
-            "-e", "fleet_engine_archive=" + engine["archive"], "-e", "fleet_engine_archive_sha256=" + engine["sha256"]]
-    shown = " ".join(argv[3:10])
-    print("\n$ ansible-playbook -i inventories/lab %s -e fleet_engine_archive=..." % shown, flush=True)
+            "llmgw.fleet.add_node", "-e", "node=" + name, "-e", "address=" + address, "-e", "fabric=" + FABRIC]
+    print("\n$ ansible-playbook -i inventories/lab %s" % " ".join(argv[3:]), flush=True)
     return subprocess.run(argv, cwd=REPO, env=env(), check=False).returncode
 
 
@@ -118,13 +117,13 @@ def main():
     created = []
     failed = []
     try:
-        engine = lab_engine()
+        lab_engine()
         for name, address in NODES:
             if vm_named(api, name) is None:
                 created.append(name)
             else:
                 print("%s already exists: the demo uses it and will not remove it" % name, flush=True)
-            if add_node(name, address, engine) != 0:
+            if add_node(name, address) != 0:
                 failed.append(name)
         print("\n$ bin/fleet status --db " + os.path.relpath(REGISTRY, REPO), flush=True)
         subprocess.run([PY, os.path.join(REPO, "bin", "fleet"), "status", "--db", REGISTRY], check=False)

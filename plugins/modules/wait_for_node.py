@@ -171,6 +171,7 @@ offered_fingerprint:
   type: str
 """
 
+import fcntl
 import os
 import time
 
@@ -223,6 +224,31 @@ def write_text(module, path, text):
         handle.write(text)
     os.chmod(tmp, 0o600)
     module.atomic_move(tmp, path)
+
+
+def record_key(wait, path, known_text, settled):
+    """Write this node's settled entry into the fleet's file; True when the file changed.
+
+    Several nodes may be added at once, each run writing the same file: under an exclusive lock the file is read
+    again and only this node's lines are taken from ``settled``, so an entry another run wrote meanwhile is kept."""
+    name = wait.name
+    os.makedirs(os.path.dirname(os.path.abspath(path)), mode=0o700, exist_ok=True)
+    with open(path + ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        current = read_text(path)
+        if current != known_text:
+            if host_keys.parse_known_hosts(current).get(name) != host_keys.parse_known_hosts(known_text).get(name):
+                wait.fail("{}: its entry in {} was changed by another run while this one waited; run again to "
+                          "settle it".format(name, path))
+            others = host_keys.remove_entries(current, name)
+            if others and not others.endswith("\n"):
+                others += "\n"
+            mine = [line for line in settled.splitlines(True) if line.split()[:1] == [name]]
+            settled = others + "".join(mine)
+        if settled == current:
+            return False
+        write_text(wait.module, path, settled)
+        return True
 
 
 def agent_enabled(value):
@@ -483,9 +509,8 @@ def main():
         wait.fail(f"{name}: strict ssh with the fleet's known_hosts failed: {err.strip()}")
     if out.strip() != name:
         wait.fail(f"the VM named {name} calls itself {out.strip()!r}: its hostname must be its name")
-    if updated != original:
-        write_text(module, path, updated)
-    module.exit_json(changed=updated != original, host_key_action=action,
+    changed = record_key(wait, path, known_text=original, settled=updated)
+    module.exit_json(changed=changed, host_key_action=action,
                      host_key_source=source, host_key_source_reason=why_not or "",
                      host_key_fingerprint=host_keys.fingerprint(key),
                      waited_s=round(waited, 1), timeline=wait.timeline.events)

@@ -9,6 +9,7 @@ Result (cached outside the repository, reused by every later call in seconds):
         llama-b11434-bin-linux-x64.tar.gz.sha256
         llama-b11434/                             the same tree, unpacked (what tests run)
         build.json                                version, variants, build seconds, archive sha256
+    /var/cache/llmgw-lab/engine/lab.json          the lab build's build.json, read by inventories/lab
 
 Configuration is the one of llama.cpp's own ubuntu-cpu release job (.github/workflows/release.yml):
 GGML_NATIVE=OFF GGML_BACKEND_DL=ON GGML_CPU_ALL_VARIANTS=ON GGML_RPC=ON, $ORIGIN rpath, built Release.
@@ -59,6 +60,7 @@ SDIST_SHA256 = "b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45
 BUILD_NUMBER = SDIST_VERSION.split(".", maxsplit=1)[0]
 TAG = "b" + BUILD_NUMBER
 CACHE = os.environ.get("LLMGW_ENGINE_CACHE", "/var/cache/llmgw-lab/engine")
+LAB_POINTER = os.path.join(CACHE, "lab.json")
 GUEST_VARIANTS = ("x64", "sse42", "haswell", "skylakex")
 TARGETS = ("llama-server", "ggml-rpc-server", "llama-bench")
 PATCH_MARK = "# llmgw-lab: LLMGW_CPU_VARIANTS"
@@ -225,7 +227,7 @@ def build(variant_spec="lab", jobs=None, force=False):
             info = json.load(handle)
         if os.path.exists(info["archive"]) and sha256_of(info["archive"]) == info["sha256"]:
             log("cached: %s (built in %.0f s)" % (info["archive"], info["build_seconds"]))
-            return info
+            return point_lab_inventory(info, variant_spec)
     started = time.monotonic()
     sdist = fetch_sdist(os.path.join(CACHE, "src"))
     llama = unpack_sources(sdist, os.path.join(CACHE, "src"))
@@ -250,6 +252,15 @@ def build(variant_spec="lab", jobs=None, force=False):
     with open(manifest, "w") as handle:
         json.dump(info, handle, indent=2)
     log("built in %.0f s (%d CPU variants): %s sha256 %s" % (seconds, len(variants), archive, digest))
+    return point_lab_inventory(info, variant_spec)
+
+
+def point_lab_inventory(info, variant_spec):
+    """The lab build is the engine inventories/lab installs: it reads the archive and its sha256 from LAB_POINTER."""
+    if variant_spec == "lab":
+        with open(LAB_POINTER + ".part", "w") as handle:
+            json.dump(info, handle, indent=2)
+        os.replace(LAB_POINTER + ".part", LAB_POINTER)
     return info
 
 
