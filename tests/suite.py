@@ -92,7 +92,7 @@ def stage_ansible_doc():
 
 # tests/unit runs in the ansible-test units stage, tests/examples/test_ansible_doc.py in the docs stage.
 PYTEST_ARGS = ["tests/examples", "tests/lab/tests", "tests/e2e",
-                "--ignore", os.path.join("tests", "examples", "test_ansible_doc.py")]
+               "--ignore", os.path.join("tests", "examples", "test_ansible_doc.py")]
 
 
 def stage_engine_build():
