@@ -18,6 +18,7 @@ import subprocess
 import tarfile
 import threading
 import time
+import urllib.error
 import urllib.request
 
 import pytest
@@ -117,8 +118,11 @@ def serve_and_complete(engine_dir, model, tmp_path):
         request = urllib.request.Request("http://127.0.0.1:%d/completion" % port,
                                          data=json.dumps({"prompt": "hello world", "n_predict": 8}).encode(),
                                          headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=120) as answer:
-            return json.load(answer), log_path.read_text(errors="replace")
+        try:
+            with urllib.request.urlopen(request, timeout=120) as answer:
+                return json.load(answer), log_path.read_text(errors="replace")
+        except urllib.error.HTTPError as error:
+            raise AssertionError("llama-server answered %d: %s" % (error.code, error.read()[:500])) from error
     finally:
         server.terminate()
         server.wait(timeout=30)
@@ -132,6 +136,7 @@ def test_the_tiny_model_loads_and_completes_on_the_best_variant_and_on_x64(engin
     load_lab_script("tiny_model").write(model)
     answer, log = serve_and_complete(engine["dir"], model, tmp_path)
     assert answer["tokens_predicted"] == 8
+    assert all(" " <= char <= "~" for char in answer["content"]), answer["content"]  # see tiny_model's docstring
     best, _path = gcv.loaded_variant(log)
     assert best not in (None, "x64")
     others = ["libggml-cpu-%s.so" % v for v in engine["variants"] if v != "x64"]

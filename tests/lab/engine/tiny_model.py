@@ -1,6 +1,12 @@
 """Write a tiny llama-architecture GGUF (random weights, byte-fallback SentencePiece vocabulary) that llama-server
 loads and completes with. The text it writes is noise; what matters is that the engine loads, serves and answers.
 
+Random weights alone would let it sample a lone byte token such as <0xC0>, which llama-server cannot put into
+JSON (it answers 400 "invalid UTF-8 byte"), or </s>, which ends a completion early. So one lane of the residual
+stream is held constant (every token embedding carries STEER in it, no layer writes to it) and the output rows
+of every token that is not printable ASCII point against that lane: their logits sit about 16 below the rest,
+and the model only ever writes printable ASCII.
+
     .venv/bin/python tests/lab/engine/tiny_model.py OUT.gguf [--seed N]
 
 About 400 KiB: 2 layers, 64 wide, 4 heads, 259 + 32 tokens, all F32. Deterministic for a given seed.
@@ -18,6 +24,7 @@ N_HEAD_KV = 4
 N_LAYER = 2
 N_FF = 128
 N_CTX = 512
+STEER = 1.0
 WORDS = ("▁", "▁the", "▁a", "▁and", "▁of", "▁to", "▁in", "▁is", "▁it", "▁that", "▁hello", "▁world", "▁node",
          "▁fleet", "▁model", "▁token", "e", "t", "a", "o", "i", "n", "s", "r", "h", "l", "d", "c", "u", "m", ".", ",")
 
@@ -32,6 +39,12 @@ def vocabulary():
     types += [gguf.TokenType.NORMAL] * len(WORDS)
     scores = [0.0] * 259 + [-float(i) for i in range(len(WORDS))]
     return tokens, scores, types
+
+
+def printable(token):
+    if token.startswith("<0x") and len(token) == 6:
+        return 0x20 <= int(token[3:5], 16) <= 0x7E
+    return not token.startswith("<")
 
 
 def write(path, seed=0):
@@ -60,24 +73,36 @@ def write(path, seed=0):
     writer.add_add_bos_token(True)
     writer.add_add_eos_token(False)
 
-    def tensor(name, *shape, ones=False):
+    def tensor(name, *shape, ones=False, steer=None):
         data = np.ones(shape, np.float32) if ones else (rng.standard_normal(shape) * 0.02).astype(np.float32)
+        if steer is not None:
+            steer(data)
         writer.add_tensor(name, data)
 
+    def hold_lane(data):  # embeddings carry the lane
+        data[:, 0] = STEER
+
+    def leave_lane(data):  # layer outputs (rows are output features) never write to it
+        data[0, :] = 0.0
+
+    def only_printable(data):
+        for token_id, token in enumerate(tokens):
+            data[token_id, 0] = 0.0 if printable(token) else -2.0
+
     n_embd_kv = N_EMBD // N_HEAD * N_HEAD_KV
-    tensor("token_embd.weight", n_vocab, N_EMBD)
+    tensor("token_embd.weight", n_vocab, N_EMBD, steer=hold_lane)
     for i in range(N_LAYER):
         tensor("blk.%d.attn_norm.weight" % i, N_EMBD, ones=True)
         tensor("blk.%d.attn_q.weight" % i, N_EMBD, N_EMBD)
         tensor("blk.%d.attn_k.weight" % i, n_embd_kv, N_EMBD)
         tensor("blk.%d.attn_v.weight" % i, n_embd_kv, N_EMBD)
-        tensor("blk.%d.attn_output.weight" % i, N_EMBD, N_EMBD)
+        tensor("blk.%d.attn_output.weight" % i, N_EMBD, N_EMBD, steer=leave_lane)
         tensor("blk.%d.ffn_norm.weight" % i, N_EMBD, ones=True)
         tensor("blk.%d.ffn_gate.weight" % i, N_FF, N_EMBD)
         tensor("blk.%d.ffn_up.weight" % i, N_FF, N_EMBD)
-        tensor("blk.%d.ffn_down.weight" % i, N_EMBD, N_FF)
+        tensor("blk.%d.ffn_down.weight" % i, N_EMBD, N_FF, steer=leave_lane)
     tensor("output_norm.weight", N_EMBD, ones=True)
-    tensor("output.weight", n_vocab, N_EMBD)
+    tensor("output.weight", n_vocab, N_EMBD, steer=only_printable)
 
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
