@@ -29,10 +29,11 @@ DEFAULT_BUSY_TIMEOUT = 30.0
 SHARD_STATES = ("pending", "starting", "active", "failed")
 
 NODE_FIELDS = ("address", "vmid", "proxmox_node", "fabric", "gpu_count", "gpu_type", "cpu_variant",
-               "engine_version", "cert_fingerprint", "state", "reasons", "last_seen")
+               "engine_version", "engine_args", "cert_fingerprint", "state", "reasons", "last_seen")
 REPLICA_FIELDS = ("model", "engine", "shard_count", "gpus_per_shard", "fabric", "gpu_type", "avoid_nodes",
                   "port", "options", "state", "reasons")
-_JSON_FIELDS = {"reasons": list, "avoid_nodes": list, "options": dict}
+_JSON_FIELDS = {"reasons": list, "avoid_nodes": list, "options": dict, "engine_args": list}
+_REPLICA_JSON_FIELDS = ("reasons", "avoid_nodes", "options")
 # Text fields a caller may clear by passing "" (None means "leave as it is").
 _CLEARABLE = ("address", "proxmox_node", "gpu_type", "cpu_variant", "engine_version", "cert_fingerprint", "fabric")
 
@@ -106,6 +107,10 @@ MIGRATIONS: Tuple[Tuple[int, str, Tuple[str, ...]], ...] = (
             detail TEXT NOT NULL DEFAULT ''
         )""",
         "CREATE INDEX events_by_subject ON events (kind, subject, id)",
+    )),
+    # Arguments every llama-server on the node gets, found at onboarding (--no-repack where AMX faults).
+    (2, "nodes.engine_args", (
+        "ALTER TABLE nodes ADD COLUMN engine_args TEXT NOT NULL DEFAULT '[]'",
     )),
 )
 LATEST_VERSION = MIGRATIONS[-1][0]
@@ -307,6 +312,7 @@ class FleetRegistry:
         for row in rows:
             node = {key: row[key] for key in ("name",) + NODE_FIELDS}
             node["reasons"] = json.loads(node["reasons"])
+            node["engine_args"] = json.loads(node["engine_args"])
             node["free_gpus"] = node["gpu_count"] - held.get(row["name"], 0)
             node["shards"] = shards.get(row["name"], [])
             nodes.append(node)
@@ -372,8 +378,9 @@ class FleetRegistry:
             raise RegistryConflict("node %s needs a fabric name" % name)
         if not isinstance(record["gpu_count"], int) or record["gpu_count"] < 0:
             raise RegistryConflict("node %s: gpu_count must be a non-negative integer" % name)
-        if not isinstance(record.get("reasons", []), list):
-            raise RegistryConflict("node %s: reasons must be a list" % name)
+        for key in ("reasons", "engine_args"):
+            if not isinstance(record.get(key, []), list):
+                raise RegistryConflict("node %s: %s must be a list" % (name, key))
 
     def _check_fabric_move(self, name: str, fabric: str) -> None:
         rows = self._conn.execute(
@@ -408,16 +415,17 @@ class FleetRegistry:
             gpus.setdefault((r[0], r[1]), []).append(r[2])
         shards: Dict[str, List[dict]] = {}
         for r in self._conn.execute(
-                "SELECT s.replica, s.rank, s.node, s.state, s.reasons, n.address, n.fabric FROM shards s "
+                "SELECT s.replica, s.rank, s.node, s.state, s.reasons, n.address, n.fabric, n.engine_args "
+                "FROM shards s "
                 "JOIN nodes n ON n.name = s.node %s ORDER BY s.replica, s.rank" % by_replica, args):
             shards.setdefault(r["replica"], []).append({
                 "rank": r["rank"], "node": r["node"], "gpus": gpus.get((r["replica"], r["rank"]), []),
                 "state": r["state"], "reasons": json.loads(r["reasons"]), "address": r["address"],
-                "fabric": r["fabric"]})
+                "fabric": r["fabric"], "engine_args": json.loads(r["engine_args"])})
         replicas = []
         for row in rows:
             replica = {key: row[key] for key in ("name",) + REPLICA_FIELDS}
-            for key in _JSON_FIELDS:
+            for key in _REPLICA_JSON_FIELDS:
                 replica[key] = json.loads(replica[key])
             replica["shards"] = shards.get(row["name"], [])
             replica["leader"] = replica["shards"][0]["node"] if replica["shards"] else None
@@ -483,7 +491,8 @@ class FleetRegistry:
             if not isinstance(record[key], int) or record[key] < (1 if key == "shard_count" else 0):
                 raise RegistryConflict("replica %s: %s must be an integer >= %d"
                                        % (name, key, 1 if key == "shard_count" else 0))
-        for key, kind in _JSON_FIELDS.items():
+        for key in _REPLICA_JSON_FIELDS:
+            kind = _JSON_FIELDS[key]
             if not isinstance(record.get(key, kind()), kind):
                 raise RegistryConflict("replica %s: %s must be a %s" % (name, key, kind.__name__))
 

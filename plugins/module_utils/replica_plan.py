@@ -83,7 +83,8 @@ def plan(replica: Mapping, model_path: Optional[str] = None, engine_dir: str = "
                                % (name, len(shards), replica["shard_count"]))
     port = port or replica.get("port") or BASE_PORT
     options = dict(replica.get("options") or {})
-    nodes = [{"name": s["node"], "address": s["address"]} for s in shards]
+    nodes = [{"name": s["node"], "address": s["address"], "engine_args": list(s.get("engine_args") or [])}
+             for s in shards]
     spec = {
         "model": model_path or replica["model"], "alias": replica["model"] if engine != "sim" else name,
         "port": port, "rpc_port": port + 1, "rendezvous_port": port + 1, "master_port": port + 1,

@@ -64,6 +64,11 @@ options:
   engine_version:
     description: Version of the inference engine installed on the node.
     type: str
+  engine_args:
+    description: Arguments every C(llama-server) launched on the node gets, as onboarding found them
+      (C(llmgw.fleet.engine_completion_check)); for example C([--no-repack]) where AMX faults. C([]) clears them.
+    type: list
+    elements: str
   cert_fingerprint:
     description: SHA-256 fingerprint of the node's certificate.
     type: str
@@ -144,7 +149,8 @@ from ansible_collections.llmgw.fleet.plugins.module_utils import fleet_registry,
 
 FIELDS = {"status": "state", "reasons": "reasons", "address": "address", "vmid": "vmid",
           "proxmox_node": "proxmox_node", "fabric": "fabric", "gpus": "gpu_count", "gpu_type": "gpu_type",
-          "cpu_variant": "cpu_variant", "engine_version": "engine_version", "cert_fingerprint": "cert_fingerprint",
+          "cpu_variant": "cpu_variant", "engine_version": "engine_version", "engine_args": "engine_args",
+          "cert_fingerprint": "cert_fingerprint",
           "last_seen": "last_seen"}
 
 
@@ -163,6 +169,7 @@ def main():
             gpu_type=dict(type="str"),
             cpu_variant=dict(type="str"),
             engine_version=dict(type="str"),
+            engine_args=dict(type="list", elements="str"),
             cert_fingerprint=dict(type="str"),
             last_seen=dict(type="str"),
             db=dict(type="path"),

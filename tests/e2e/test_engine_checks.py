@@ -255,6 +255,58 @@ def test_preflight_names_a_sigill(tmp_path):
     assert "crashed with SIGILL" in result["msg"] and "CPU type" in result["msg"]
 
 
+# ---- a completion on quantized weights (the probe model the engine role ships)
+
+PROBE = os.path.join(REPO, "roles", "engine", "files", "llmgw-probe-q4_0.gguf")
+
+
+def test_the_shipped_probe_model_is_what_tiny_model_writes(tmp_path):
+    regenerated = tmp_path / "probe.gguf"
+    load_lab_script("tiny_model").write(str(regenerated), seed=0, quantize="q4_0")
+    with open(PROBE, "rb") as shipped:
+        assert regenerated.read_bytes() == shipped.read(), "regenerate it: tiny_model.py OUT --quantize q4_0"
+
+
+def test_the_completion_check_finds_what_llama_server_needs_on_this_cpu(engine, tmp_path):
+    result = run_module(tmp_path, "llmgw.fleet.engine_completion_check",
+                        {"engine_dir": engine["dir"], "model": PROBE, "node": "node05"})
+    assert not result.get("failed"), result.get("msg")
+    plain = result["attempts"][0]
+    with open("/proc/cpuinfo") as handle:
+        predicted = gcv.predict(gcv.parse_cpuinfo_flags(handle.read()), engine["variants"])["variant"]
+    assert plain["args"] == [] and plain["variant"] == predicted
+    if plain["answered"]:
+        assert result["engine_args"] == [] and len(result["attempts"]) == 1 and not result.get("warnings")
+    else:
+        # This CPU loads a variant and then faults in it on quantized weights (found here: AMX under KVM).
+        assert plain["rc"] < 0, plain
+        assert result["engine_args"] == ["--no-repack"] and result["attempts"][1]["answered"]
+        assert any("crashed with" in w and "--no-repack" in w for w in result["warnings"])
+
+
+def test_the_completion_check_on_the_x64_baseline_needs_no_argument(engine, tmp_path):
+    others = ["libggml-cpu-%s.so" % v for v in engine["variants"] if v != "x64"]
+    x64_dir = copy_engine(engine, tmp_path / "x64", drop=others)
+    result = run_module(tmp_path, "llmgw.fleet.engine_completion_check",
+                        {"engine_dir": x64_dir, "model": PROBE, "node": "node05", "fallbacks": []})
+    assert not result.get("failed"), result.get("msg")
+    assert result["engine_args"] == [] and result["attempts"][0]["variant"] == "x64"
+
+
+def test_the_completion_check_names_a_crash_when_nothing_answers(tmp_path):
+    engine_dir = tmp_path / "sigill"
+    engine_dir.mkdir()
+    subprocess.run(["gcc", "-x", "c", "-o", str(engine_dir / "llama-server"), "-"],
+                   input="int main(void) { __builtin_trap(); }\n", text=True, check=True)
+    result = run_module(tmp_path, "llmgw.fleet.engine_completion_check",
+                        {"engine_dir": str(engine_dir), "model": PROBE, "node": "node05"})
+    assert result["failed"] and "engine_args" not in result
+    assert result["msg"].startswith("node05: llama-server did not answer a completion on the quantized probe")
+    assert "no extra arguments) crashed with SIGILL" in result["msg"]
+    assert "--no-repack) crashed with SIGILL" in result["msg"]
+    assert [a["args"] for a in result["attempts"]] == [[], ["--no-repack"]]
+
+
 # ---- the engine role
 
 
@@ -284,6 +336,8 @@ def test_the_role_installs_from_a_local_archive_once_and_reports_ready(engine, t
     report = report_of(first)
     assert report["ready"] and report["reasons"] == [] and report["version"] == "b11434"
     assert report["cpu_variant"] == report["cpu_variant_predicted"] == report["cpu_variant_loaded"]
+    assert (tmp_path / "engines" / "probe" / "llmgw-probe-q4_0.gguf").is_file()
+    assert report["engine_args"] in ([], ["--no-repack"])  # which one is this CPU's; the module tests say which
     second = run_playbook(playbook, args)
     assert not second.failed and second.changed == 0
 

@@ -4,7 +4,8 @@ Four lab nodes on two fabrics (ib-a: rp-node01, rp-node02; ib-b: rp-node03, rp-n
 made with provision_node.yml and registered ready with fleet_node. Then, in order (the tests share the fleet):
 check mode prints a placement and records nothing; a two-node simulated replica on each fabric, a request served
 through each leader, only the leader listening on a port; a second run changes nothing; a real two-node llama.cpp
-replica (ggml-rpc-server + llama-server --rpc) answers a completion and is removed; the adoption case (a ready
+replica (ggml-rpc-server + llama-server --rpc) answers a completion and is removed; a single-node one on Q4_0
+weights runs with the engine arguments the node's checks found; the adoption case (a ready
 replica with its rank 0 gone is failed and replaced, never left ready); and node loss: rp-node02's VM stopped
 through the Proxmox API, after node_lost_after it is lost, the ib-a replica failed and reaped, its replacement
 ready on ib-b while rp-node01 stays idle. The times (lost detected, replacement ready) are printed at the end.
@@ -220,6 +221,10 @@ def test_a_two_node_llama_cpp_replica_answers_a_completion(fleet, tmp_path):
         "        tasks_from: connect.yml\n      vars:\n        replica_connect_units: %s\n"
         "- hosts: llmgw_replica_nodes\n  gather_facts: false\n  roles:\n"
         "    - role: llmgw.fleet.engine\n      engine_archive: %s\n      engine_archive_sha256: %s\n"
+        "  post_tasks:\n    - name: Record the arguments the engine checks found (as onboarding does)\n"
+        "      llmgw.fleet.fleet_node:\n        name: '{{ inventory_hostname }}'\n"
+        "        engine_args: '{{ engine_report.engine_args }}'\n        db: '{{ fleet_registry }}'\n"
+        "      delegate_to: localhost\n      become: false\n"
         % (json.dumps([{"node": n, "address": NODES[n][0]} for n in ("rp-node03", "rp-node04")]),
            engine["archive"], engine["sha256"]))
     ok(fleet.play(str(playbook)))
@@ -247,6 +252,28 @@ def test_a_two_node_llama_cpp_replica_answers_a_completion(fleet, tmp_path):
         state = fleet.ssh(shard["node"], "systemctl is-active llmgw-shard-tiny-a-%d.service" % shard["rank"],
                           check=False).stdout.strip()
         assert state != "active"
+
+
+def test_a_single_node_llama_cpp_replica_on_quantized_weights_runs_with_what_onboarding_found(fleet):
+    """Q4_0 weights go through llama.cpp's repacked kernels, which F32 never reaches; on a CPU that faults there
+    (AMX under KVM, found on the lab's host) the node's engine_args (--no-repack) keep the replica serving."""
+    model = os.path.join(fleet.root, "tiny-q4.gguf")
+    load_lab_script("tiny_model").write(model, seed=1, quantize="q4_0")
+    with open(model, "rb") as handle:
+        digest = hashlib.sha256(handle.read()).hexdigest()
+    fleet.models["tiny-q4"] = {"engine": "llama.cpp", "shards": 1, "gpus_per_shard": 0, "file": model,
+                               "sha256": digest, "options": {"context": 256, "threads": 1}}
+    ok(fleet.play("place_replica.yml", replica="solo-a", model="tiny-q4", fabric="ib-b"))
+    replica = fleet.replica("solo-a")
+    assert replica["state"] == "ready" and [s["rank"] for s in replica["shards"]] == [0]
+    node = fleet.node(replica["shards"][0]["node"])
+    argv = fleet.ssh(node["name"], "systemctl show -p ExecStart --value llmgw-shard-solo-a-0.service").stdout
+    assert "llama-server" in argv and "--rpc" not in argv
+    print("  %s engine_args %s" % (node["name"], node["engine_args"]))
+    assert all(arg in argv.split() for arg in node["engine_args"]), (node["engine_args"], argv)
+    assert complete(replica)["usage"]["completion_tokens"] > 0
+    ok(fleet.play("place_replica.yml", replica="solo-a", state="absent"))
+    assert fleet.replica("solo-a") is None
 
 
 def test_a_shard_that_does_not_come_up_fails_the_replica_naming_it_with_its_journal(fleet):

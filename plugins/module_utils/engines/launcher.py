@@ -66,6 +66,8 @@ def llama_cpp_commands(spec):
     _opt(argv, "--n-gpu-layers", spec.get("gpu_layers"))
     if len(nodes) > 1:
         argv.extend(["--rpc", ",".join("%s:%s" % (n["address"], rpc_port) for n in nodes[1:])])
+    # What onboarding found this node's llama-server needs (the registry's engine_args), e.g. --no-repack.
+    argv.extend(str(a) for a in nodes[0].get("engine_args") or [])
     ranks.append(_rank(0, nodes[0], server, argv, True))
     for rank, node in enumerate(nodes[1:], start=1):
         # Upstream calls the RPC backend insecure: it listens on the fabric address only, never 0.0.0.0.
@@ -179,7 +181,7 @@ WIDEST_SPEC = {
     "gpu_layers": 99,
     "gpus_per_node": 8,
     "gpu_memory_utilization": 0.9,
-    "nodes": [{"name": "node01", "address": "10.77.0.101"},
+    "nodes": [{"name": "node01", "address": "10.77.0.101", "engine_args": ["--no-repack"]},
               {"name": "node02", "address": "10.77.0.102"},
               {"name": "node03", "address": "10.77.0.103"}],
 }

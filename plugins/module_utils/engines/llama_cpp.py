@@ -42,6 +42,8 @@ FLAGS = {
         "--threads": "-t, --threads N: number of CPU threads to use during generation",
         "--n-gpu-layers": "-ngl, --gpu-layers, --n-gpu-layers N: max. number of layers to store in VRAM",
         "--rpc": "--rpc SERVERS: comma-separated list of RPC servers (host:port); only with GGML_RPC",
+        "--no-repack": "--repack, -nr, --no-repack: whether to enable weight repacking (default: enabled); "
+                       "passed on nodes whose CPU faults in the repacked (AMX) kernels",
         "--verbose": "-v, --verbose, --log-verbose: log all messages (the load_backend lines)",
         "--list-devices": "--list-devices: print list of available devices and exit",
         "--version": "--version: show version and build info",

@@ -7,9 +7,12 @@ stream is held constant (every token embedding carries STEER in it, no layer wri
 of every token that is not printable ASCII point against that lane: their logits sit about 16 below the rest,
 and the model only ever writes printable ASCII.
 
-    .venv/bin/python tests/lab/engine/tiny_model.py OUT.gguf [--seed N]
+    .venv/bin/python tests/lab/engine/tiny_model.py OUT.gguf [--seed N] [--quantize q4_0]
 
 About 400 KiB: 2 layers, 64 wide, 4 heads, 259 + 32 tokens, all F32. Deterministic for a given seed.
+``--quantize q4_0`` stores every matrix as Q4_0 (about 70 KiB): quantized weights are what go through llama.cpp's
+repacking and AMX kernels, which an F32 model never reaches. ``roles/engine/files/llmgw-probe-q4_0.gguf`` is this
+script's output with ``--seed 0 --quantize q4_0`` (a unit test regenerates it and compares).
 """
 
 import argparse
@@ -47,8 +50,12 @@ def printable(token):
     return not token.startswith("<")
 
 
-def write(path, seed=0):
+QUANTIZE = {"f32": None, "q4_0": gguf.GGMLQuantizationType.Q4_0}
+
+
+def write(path, seed=0, quantize="f32"):
     rng = np.random.default_rng(seed)
+    quant = QUANTIZE[quantize]
     tokens, scores, types = vocabulary()
     n_vocab = len(tokens)
     writer = gguf.GGUFWriter(path, "llama")
@@ -62,7 +69,7 @@ def write(path, seed=0):
     writer.add_rope_dimension_count(N_EMBD // N_HEAD)
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_vocab_size(n_vocab)
-    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_0 if quant is not None else gguf.LlamaFileType.ALL_F32)
     writer.add_tokenizer_model("llama")
     writer.add_token_list(tokens)
     writer.add_token_scores(scores)
@@ -77,7 +84,10 @@ def write(path, seed=0):
         data = np.ones(shape, np.float32) if ones else (rng.standard_normal(shape) * 0.02).astype(np.float32)
         if steer is not None:
             steer(data)
-        writer.add_tensor(name, data)
+        if quant is not None and data.ndim == 2:
+            writer.add_tensor(name, gguf.quants.quantize(data, quant), raw_dtype=quant)
+        else:
+            writer.add_tensor(name, data)
 
     def hold_lane(data):  # embeddings carry the lane
         data[:, 0] = STEER
@@ -115,8 +125,9 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n", maxsplit=1)[0])
     parser.add_argument("out")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--quantize", choices=sorted(QUANTIZE), default="f32")
     options = parser.parse_args(argv)
-    print(write(options.out, options.seed))
+    print(write(options.out, options.seed, options.quantize))
 
 
 if __name__ == "__main__":

@@ -84,6 +84,11 @@ def test_every_flag_the_launcher_passes_is_in_that_engines_table(engine):
         assert set(flags) <= set(table.FLAGS[binary]), (binary, set(flags) - set(table.FLAGS[binary]))
 
 
+def test_the_widest_llama_cpp_command_carries_a_nodes_engine_args():
+    server = launcher.widest_commands("llama.cpp")[0]
+    assert server["binary"] == "llama-server" and "--no-repack" in server["argv"]
+
+
 def test_the_widest_llama_cpp_commands_pass_the_real_b11434_help():
     for binary, flags in launcher.flags_by_binary("llama.cpp").items():
         results = flag_check.check_flags(flags, help_of(binary))

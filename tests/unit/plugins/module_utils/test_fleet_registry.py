@@ -59,8 +59,27 @@ def test_new_registry_is_wal_with_a_schema_version(registry, db):
     assert registry.schema_version() == fleet_registry.LATEST_VERSION
     raw = sqlite3.connect(db)
     assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    assert raw.execute("SELECT version FROM schema_version").fetchall() == [(1,)]
+    assert raw.execute("SELECT version FROM schema_version").fetchall() == [(1,), (2,)]
     raw.close()
+
+
+def test_a_version_1_registry_gains_engine_args_and_keeps_its_nodes(db, monkeypatch):
+    monkeypatch.setattr(fleet_registry, "MIGRATIONS", fleet_registry.MIGRATIONS[:1])
+    monkeypatch.setattr(fleet_registry, "LATEST_VERSION", 1)
+    with FleetRegistry(db) as old:
+        old._conn.execute("BEGIN IMMEDIATE")
+        old._conn.execute("INSERT INTO nodes (name, fabric, state, created_at, updated_at) "
+                          "VALUES ('node01', 'ib-a', 'ready', 'then', 'then')")
+        old._conn.execute("COMMIT")
+    monkeypatch.undo()
+    with FleetRegistry(db) as reg:
+        assert reg.schema_version() == 2
+        node = reg.get_node("node01")
+        assert node["state"] == "ready" and node["engine_args"] == []
+        _before, after = reg.put_node("node01", engine_args=["--no-repack"])
+        assert after["engine_args"] == ["--no-repack"]
+        with pytest.raises(RegistryConflict, match="engine_args must be a list"):
+            reg.put_node("node01", engine_args="--no-repack")
 
 
 def test_missing_registry_is_not_created_when_asked_not_to(db):
@@ -71,20 +90,21 @@ def test_missing_registry_is_not_created_when_asked_not_to(db):
 
 def test_migration_upgrades_once_and_a_failed_one_rolls_back(db, monkeypatch):
     FleetRegistry(db).close()
-    extra = (2, "node labels", ("ALTER TABLE nodes ADD COLUMN labels TEXT NOT NULL DEFAULT '{}'",))
+    latest = fleet_registry.LATEST_VERSION
+    extra = (latest + 1, "node labels", ("ALTER TABLE nodes ADD COLUMN labels TEXT NOT NULL DEFAULT '{}'",))
     monkeypatch.setattr(fleet_registry, "MIGRATIONS", fleet_registry.MIGRATIONS + (extra,))
-    monkeypatch.setattr(fleet_registry, "LATEST_VERSION", 2)
+    monkeypatch.setattr(fleet_registry, "LATEST_VERSION", latest + 1)
     with FleetRegistry(db) as reg:
-        assert reg.schema_version() == 2
+        assert reg.schema_version() == latest + 1
     with FleetRegistry(db) as reg:  # opening again applies nothing twice
-        assert [r[0] for r in reg._conn.execute("SELECT version FROM schema_version")] == [1, 2]
-    broken = (3, "half a migration", ("CREATE TABLE half (x)", "THIS IS NOT SQL"))
+        assert [r[0] for r in reg._conn.execute("SELECT version FROM schema_version")] == list(range(1, latest + 2))
+    broken = (latest + 2, "half a migration", ("CREATE TABLE half (x)", "THIS IS NOT SQL"))
     monkeypatch.setattr(fleet_registry, "MIGRATIONS", fleet_registry.MIGRATIONS + (broken,))
-    monkeypatch.setattr(fleet_registry, "LATEST_VERSION", 3)
-    with pytest.raises(RegistrySchemaError, match="migration 3"):
+    monkeypatch.setattr(fleet_registry, "LATEST_VERSION", latest + 2)
+    with pytest.raises(RegistrySchemaError, match="migration %d" % (latest + 2)):
         FleetRegistry(db)
     raw = sqlite3.connect(db)
-    assert raw.execute("SELECT MAX(version) FROM schema_version").fetchone()[0] == 2
+    assert raw.execute("SELECT MAX(version) FROM schema_version").fetchone()[0] == latest + 1
     assert raw.execute("SELECT name FROM sqlite_master WHERE name = 'half'").fetchone() is None
     raw.close()
 

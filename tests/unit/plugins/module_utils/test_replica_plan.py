@@ -40,6 +40,17 @@ def test_llama_cpp_rank0_gets_the_model_and_rpc_to_the_workers_on_the_next_port(
     assert "CUDA_VISIBLE_DEVICES" not in leader["environment"]
 
 
+def test_the_leaders_node_engine_args_reach_llama_server_only():
+    record = replica(engine="llama_cpp", gpus=0)
+    record["shards"][0]["engine_args"] = ["--no-repack"]
+    record["shards"][1]["engine_args"] = ["--no-repack"]
+    leader, worker = replica_plan.plan(record, model_path="/m/tiny.gguf")["units"]
+    assert leader["argv"][-1] == "--no-repack" and "--no-repack" in leader["exec_start"]
+    assert "--no-repack" not in worker["argv"]  # ggml-rpc-server has no such flag
+    single = replica(engine="llama_cpp", gpus=0, shards=1, nodes=("node03",))
+    assert "--no-repack" not in replica_plan.plan(single, model_path="/m/tiny.gguf")["units"][0]["argv"]
+
+
 def test_vllm_and_sglang_load_the_model_on_every_rank():
     for engine in ("vllm", "sglang"):
         plan = replica_plan.plan(replica(engine=engine), model_path="/m/model")
