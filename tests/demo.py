@@ -4,18 +4,23 @@ Runs what an operator runs, through the collection:
 
     ansible-playbook -i inventories/lab llmgw.fleet.add_node -e node=node01 -e address=10.77.0.101/24 -e fabric=ib-a
     ansible-playbook -i inventories/lab llmgw.fleet.add_node -e node=node02 -e address=10.77.0.102/24 -e fabric=ib-a
+    ansible-playbook -i inventories/lab llmgw.fleet.place_replica -e replica=gemma-a -e model=gemma3-270m
+    curl http://LEADER:PORT/v1/completions (one real completion from Gemma 3 270M, served by llama.cpp on a node)
     bin/fleet status
 
-then removes the two nodes again (VM, registry entry, host key, certificate). The lab is shared: the demo brings it
-up only when it is down, and takes it down at the end only if it brought it up; it removes only the nodes it
-created itself.
+then removes the replica and the two nodes again (units, VM, registry entry, host key, certificate). The model
+is a real one from PyPI (tests/lab/engine/real_model.py installs and assembles it once, about 250 MB). The lab is
+shared: the demo brings it up only when it is down, and takes it down at the end only if it brought it up; it
+removes only the replica and the nodes it created itself.
 """
 
+import json
 import os
 import shutil
 import subprocess
 import sys
 import time
+import urllib.request
 
 import yaml
 
@@ -32,6 +37,8 @@ PY = sys.executable
 BIN = os.path.dirname(PY)
 NODES = [("node01", "10.77.0.101/24"), ("node02", "10.77.0.102/24")]
 FABRIC = "ib-a"
+REPLICA, MODEL = "gemma-a", "gemma3-270m"  # the model is declared in inventories/lab/group_vars/all.yml
+PROMPT = "The three primary colors are"
 LAB_DIR = os.path.join(REPO, ".lab")
 FLEET_DIR = os.path.join(LAB_DIR, "fleet")  # where inventories/lab keeps the fleet's known_hosts, CA and registry
 REGISTRY = os.path.join(FLEET_DIR, "fleet.db")
@@ -65,6 +72,14 @@ def lab_engine():
     return build.build()
 
 
+def real_model():
+    """Gemma 3 270M Q4_K_M from its PyPI package, assembled where the lab inventory declares it."""
+    sys.path.insert(0, os.path.join(REPO, "tests", "lab", "engine"))
+    import real_model as model  # noqa: PLC0415 - as above
+
+    return model.assemble()[0]
+
+
 def client():
     with open(os.path.join(LAB_DIR, "connection.yml")) as handle:
         conn = yaml.safe_load(handle)
@@ -78,12 +93,34 @@ def vm_named(api, name):
     return next((g for g in api.qemu_vms() if g.get("name") == name), None)
 
 
-def add_node(name, address):
-    # The lab inventory installs the engine lab_engine() built (its archive and sha256 are in lab.json).
+def playbook(name, **extra):
     argv = [os.path.join(BIN, "ansible-playbook"), "-i", os.path.join(REPO, "inventories", "lab"),
-            "llmgw.fleet.add_node", "-e", "node=" + name, "-e", "address=" + address, "-e", "fabric=" + FABRIC]
+            "llmgw.fleet." + name]
+    for key, value in extra.items():
+        argv += ["-e", "%s=%s" % (key, value)]
     print("\n$ ansible-playbook -i inventories/lab %s" % " ".join(argv[3:]), flush=True)
     return subprocess.run(argv, cwd=REPO, env=env(), check=False).returncode
+
+
+def add_node(name, address):
+    # The lab inventory installs the engine lab_engine() built (its archive and sha256 are in lab.json).
+    return playbook("add_node", node=name, address=address, fabric=FABRIC)
+
+
+def ask(replica):
+    """One completion through the replica's leader, printed as a user would see it."""
+    leader = replica["shards"][0]
+    url = "http://%s:%d/v1/completions" % (leader["address"], replica["port"])
+    body = {"prompt": PROMPT, "max_tokens": 24, "temperature": 0, "stop": ["\n"]}
+    print("\n$ curl %s -d '%s'" % (url, json.dumps(body)), flush=True)
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    started = time.monotonic()
+    with urllib.request.urlopen(request, timeout=120) as answer:
+        done = json.load(answer)
+    print("%s%s" % (PROMPT, done["choices"][0]["text"]))
+    print("(%d tokens in %.1f s from %s on %s, rank 0 of %d)" % (
+        done["usage"]["completion_tokens"], time.monotonic() - started, replica["name"], leader["node"],
+        replica["shard_count"]), flush=True)
 
 
 def remove_node(api, pve_node, name):
@@ -116,8 +153,10 @@ def main():
     api, pve_node = client()
     created = []
     failed = []
+    placed = False
     try:
         lab_engine()
+        real_model()
         for name, address in NODES:
             if vm_named(api, name) is None:
                 created.append(name)
@@ -125,16 +164,26 @@ def main():
                 print("%s already exists: the demo uses it and will not remove it" % name, flush=True)
             if add_node(name, address) != 0:
                 failed.append(name)
+        if not failed:
+            with fleet_registry.FleetRegistry(REGISTRY) as registry:
+                placed = registry.get_replica(REPLICA) is None
+            if playbook("place_replica", replica=REPLICA, model=MODEL) != 0:
+                failed.append("place_replica " + REPLICA)
+            else:
+                with fleet_registry.FleetRegistry(REGISTRY) as registry:
+                    ask(registry.get_replica(REPLICA))
         print("\n$ bin/fleet status --db " + os.path.relpath(REGISTRY, REPO), flush=True)
         subprocess.run([PY, os.path.join(REPO, "bin", "fleet"), "status", "--db", REGISTRY], check=False)
     finally:
+        if placed:
+            playbook("place_replica", replica=REPLICA, state="absent")
         for name in created:
             remove_node(api, pve_node, name)
         if brought_up:
             lab("down")
     print("demo finished in %.0f s" % (time.monotonic() - started))
     if failed:
-        raise SystemExit("add_node failed for " + ", ".join(failed))
+        raise SystemExit("the demo failed at: " + ", ".join(failed))
 
 
 if __name__ == "__main__":

