@@ -276,6 +276,23 @@ def test_a_single_node_llama_cpp_replica_on_quantized_weights_runs_with_what_onb
     assert fleet.replica("solo-a") is None
 
 
+def test_a_model_that_does_not_match_its_sha256_fails_the_replica_before_any_unit_starts(fleet):
+    model = os.path.join(fleet.root, "tiny-q4.gguf")  # written by the single-node test
+    fleet.models["mismatch"] = {"engine": "llama.cpp", "shards": 1, "gpus_per_shard": 0, "file": model,
+                                "sha256": "0" * 64}
+    run = fleet.play("place_replica.yml", replica="mismatch-a", model="mismatch", fabric="ib-b")
+    assert run.failed
+    replica = fleet.replica("mismatch-a")
+    assert replica["state"] == "failed", replica
+    (reason,) = replica["reasons"]
+    assert reason.startswith('launch stopped at "Refuse a model file that is missing or does not match"'), reason
+    assert "expected " + "0" * 64 in reason
+    assert any("replica mismatch-a failed: launch stopped at" in m for m in run.failure_messages())
+    for node in ("rp-node03", "rp-node04"):
+        assert fleet.ssh(node, "ls /etc/systemd/system/ | grep -c mismatch-a || true").stdout.strip() == "0"
+    ok(fleet.play("place_replica.yml", replica="mismatch-a", state="absent"))
+
+
 def test_a_shard_that_does_not_come_up_fails_the_replica_naming_it_with_its_journal(fleet):
     """A llama.cpp replica whose model file is not a GGUF (its sha256 declared, so it is copied): rank 0 dies."""
     broken = os.path.join(fleet.root, "broken.gguf")
