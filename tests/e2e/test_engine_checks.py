@@ -243,11 +243,17 @@ def test_preflight_names_a_missing_library_and_the_files_that_need_it(engine, tm
     assert "libggml-base.so.0 is not installed" in result["msg"]
 
 
-def test_preflight_names_a_sigill(tmp_path):
+def trapping_engine(tmp_path):
+    """An engine directory whose llama-server dies with SIGILL at once (a real binary: a trap instruction)."""
     engine_dir = tmp_path / "sigill"
     engine_dir.mkdir()
     subprocess.run(["gcc", "-x", "c", "-o", str(engine_dir / "llama-server"), "-"],
                    input="int main(void) { __builtin_trap(); }\n", text=True, check=True)
+    return engine_dir
+
+
+def test_preflight_names_a_sigill(tmp_path):
+    engine_dir = trapping_engine(tmp_path)
     result = run_module(tmp_path, "llmgw.fleet.engine_preflight",
                         {"engine_dir": str(engine_dir), "binaries": {"llama-server": ["--version"]}})
     assert result["failed"]
@@ -294,10 +300,7 @@ def test_the_completion_check_on_the_x64_baseline_needs_no_argument(engine, tmp_
 
 
 def test_the_completion_check_names_a_crash_when_nothing_answers(tmp_path):
-    engine_dir = tmp_path / "sigill"
-    engine_dir.mkdir()
-    subprocess.run(["gcc", "-x", "c", "-o", str(engine_dir / "llama-server"), "-"],
-                   input="int main(void) { __builtin_trap(); }\n", text=True, check=True)
+    engine_dir = trapping_engine(tmp_path)
     result = run_module(tmp_path, "llmgw.fleet.engine_completion_check",
                         {"engine_dir": str(engine_dir), "model": PROBE, "node": "node05"})
     assert result["failed"] and "engine_args" not in result
