@@ -5,7 +5,10 @@ A probe is ``{node, reachable, active_units}``: whether the controller reached t
 shard units run there. From them:
 
 - a reachable node is seen now; a node not reachable whose last sighting is older than ``lost_after`` seconds (or
-  that was never seen) is lost;
+  that was never seen) is lost; a lost node that is reachable again has recovered and is ready again;
+- a shard unit on a reachable node that the registry does not place there (a replica moved away while the node was
+  lost or partitioned, one removed while it was unreachable) is stale: stopped and its unit file removed, before
+  anything is launched;
 - a replica with a shard on a lost node is failed and goes to the solver (repair in place, move, or fail), its
   surviving shards reaped;
 - a replica recorded ``ready`` whose nodes were all reached but which runs fewer shards than its shard count is
@@ -21,7 +24,7 @@ from __future__ import annotations
 import datetime
 from typing import Dict, List, Mapping, Optional, Sequence
 
-from ansible_collections.llmgw.fleet.plugins.module_utils.replica_plan import unit_name
+from ansible_collections.llmgw.fleet.plugins.module_utils.replica_plan import UNIT_PREFIX, unit_name
 
 DEFAULT_LOST_AFTER = 60
 
@@ -35,14 +38,15 @@ def parse_time(value: Optional[str]) -> Optional[datetime.datetime]:
 
 def node_verdicts(nodes: Sequence[Mapping], probes: Mapping[str, Mapping], now: datetime.datetime,
                   lost_after: float = DEFAULT_LOST_AFTER) -> Dict[str, dict]:
-    """Per probed node: ``seen``, ``lost`` (with the reason) or ``unseen`` (not reached, not yet lost)."""
+    """Per probed node: ``seen``, ``recovered`` (a lost node reached again), ``lost`` (with the reason) or
+    ``unseen`` (not reached, not yet lost)."""
     verdicts = {}
     for node in nodes:
         probe = probes.get(node["name"])
         if probe is None:
             continue
         if probe.get("reachable"):
-            verdicts[node["name"]] = {"verdict": "seen"}
+            verdicts[node["name"]] = {"verdict": "recovered" if node["state"] == "lost" else "seen"}
             continue
         last = parse_time(node.get("last_seen"))
         unseen_for = None if last is None else (now - last).total_seconds()
@@ -91,8 +95,15 @@ def replica_verdicts(replicas: Sequence[Mapping], node_states: Mapping[str, str]
     return out
 
 
+def stale_units(node: str, units: Sequence[str], replicas: Sequence[Mapping]) -> List[str]:
+    """The shard units on ``node`` (running, or only a unit file) that no recorded shard places there, whatever
+    the replica's state: a failed replica's recorded shards are left to whoever relaunches it."""
+    wanted = {unit_name(r["name"], s["rank"]) for r in replicas for s in r.get("shards") or [] if s["node"] == node}
+    return sorted({u for u in units if u.startswith(UNIT_PREFIX + "-") and u.endswith(".service")} - wanted)
+
+
 def parse_active_units(text: str) -> List[str]:
-    """The unit names in ``systemctl list-units --plain --no-legend`` output."""
+    """The unit names in ``systemctl list-units --plain --no-legend`` (or ``list-unit-files --no-legend``) output."""
     units = []
     for line in (text or "").splitlines():
         fields = line.split()

@@ -12,7 +12,10 @@ description:
   - Takes one probe per node (reached over ssh or not, and which shard units run there) and, in one registry
     transaction, records what follows from it.
   - A node reached is seen now. A node not reached whose last sighting is older than O(node_lost_after) seconds
-    is C(lost).
+    is C(lost). A C(lost) node reached again has recovered and is C(ready) again.
+  - A shard unit on a reached node that no recorded shard places there (running or only a unit file; left by a
+    replica that moved away while the node was lost or partitioned) is stale and comes back in RV(stale_units), to
+    be stopped and removed before anything is launched.
   - A replica with a shard on a lost node is recorded C(failed), then repaired by the solver -- on its own fabric
     if that can still hold all of it, else moved whole to one fabric that can, never across two, else left
     failed with the reason. Its surviving shards that no longer belong to it come back in RV(failed_replicas) to be
@@ -29,8 +32,9 @@ author:
 options:
   probes:
     description:
-      - One per node probed, C({node, reachable, active_units, error}); C(active_units) is a list of unit names
-        or the text of C(systemctl list-units --plain --no-legend). Nodes without a probe are not judged.
+      - One per node probed, C({node, reachable, active_units, unit_files, error}); C(active_units) is a list of
+        unit names or the text of C(systemctl list-units --plain --no-legend), C(unit_files) (optional) the same
+        for C(systemctl list-unit-files --no-legend). Nodes without a probe are not judged.
     type: list
     elements: dict
     required: true
@@ -67,7 +71,8 @@ EXAMPLES = r"""
 
 RETURN = r"""
 nodes:
-  description: Per probed node, C({verdict, reason, unseen_for}); the verdict is C(seen), C(unseen) or C(lost).
+  description: Per probed node, C({verdict, reason, unseen_for}); the verdict is C(seen), C(recovered), C(unseen)
+    or C(lost).
   returned: always
   type: dict
   sample: {node01: {verdict: seen}, node02: {verdict: lost, reason: "unseen for 12 s (more than 10 s; ...)"}}
@@ -85,6 +90,18 @@ failed_replicas:
   returned: always
   type: list
   elements: dict
+recovered_nodes:
+  description: Lost nodes this pass reached again and recorded C(ready).
+  returned: always
+  type: list
+  elements: str
+stale_units:
+  description: Per reached node with stale shard units, C({node, address, units}); stop them and remove their
+    unit files before launching anything.
+  returned: always
+  type: list
+  elements: dict
+  sample: [{node: node02, address: 10.77.0.102, units: [llmgw-shard-coder-a-1.service]}]
 relaunch:
   description: Replicas to launch now (placed again, or relaunched whole).
   returned: always
@@ -104,11 +121,11 @@ def _probes(raw):
     for entry in raw:
         if not entry.get("node"):
             raise fleet_registry.RegistryConflict("each probe needs a node: %r" % (entry,))
-        units = entry.get("active_units") or []
-        if isinstance(units, str):
-            units = reconcile.parse_active_units(units)
-        probes[entry["node"]] = {"reachable": bool(entry.get("reachable")), "active_units": list(units),
-                                 "error": entry.get("error")}
+        found = {}
+        for key in ("active_units", "unit_files"):
+            units = entry.get(key) or []
+            found[key] = reconcile.parse_active_units(units) if isinstance(units, str) else list(units)
+        probes[entry["node"]] = dict(found, reachable=bool(entry.get("reachable")), error=entry.get("error"))
     return probes
 
 
@@ -125,6 +142,9 @@ def _apply(registry, probes, lost_after, now):
         for name, verdict in sorted(verdicts.items()):
             if verdict["verdict"] == "seen":
                 registry.put_node(name, last_seen=stamp)
+            elif verdict["verdict"] == "recovered":
+                registry.put_node(name, state="ready", last_seen=stamp)
+                changed = True
             elif verdict["verdict"] == "lost":
                 registry.put_node(name, state="lost", reasons=[verdict["reason"]])
                 changed = True
@@ -152,7 +172,24 @@ def _apply(registry, probes, lost_after, now):
             if entry["placed"]:
                 relaunch.append(name)
             failed.append(entry)
-    return verdicts, failed, relaunch, changed
+        stale = _stale(registry, probes, failed)
+    return verdicts, failed, relaunch, stale, changed
+
+
+def _stale(registry, probes, failed):
+    """Shard units on reached nodes that the registry no longer places there, less those reaped already."""
+    reaped = {(s["node"], s["unit"]) for entry in failed for s in entry.get("reaped_shards", [])}
+    replicas = registry.list_replicas()
+    stale = []
+    for node in registry.list_nodes():
+        probe = probes.get(node["name"])
+        if not probe or not probe["reachable"]:
+            continue
+        units = [u for u in reconcile.stale_units(node["name"], probe["active_units"] + probe["unit_files"], replicas)
+                 if (node["name"], u) not in reaped]
+        if units:
+            stale.append({"node": node["name"], "address": node["address"], "units": units})
+    return stale
 
 
 def main():
@@ -173,14 +210,16 @@ def main():
     except fleet_registry.RegistryError as exc:
         module.fail_json(msg=str(exc))
     try:
-        verdicts, failed, relaunch, changed = _apply(registry, _probes(params["probes"]),
-                                                     params["node_lost_after"], now)
+        verdicts, failed, relaunch, stale, changed = _apply(registry, _probes(params["probes"]),
+                                                            params["node_lost_after"], now)
     except (fleet_registry.RegistryError, placement.PlacementError) as exc:
         module.fail_json(msg=str(exc), db=registry.path)
     finally:
         registry.close()
     module.exit_json(changed=changed, nodes=verdicts, failed_replicas=failed, relaunch=relaunch, db=registry.path,
-                     lost_nodes=sorted(n for n, v in verdicts.items() if v["verdict"] == "lost"))
+                     lost_nodes=sorted(n for n, v in verdicts.items() if v["verdict"] == "lost"),
+                     recovered_nodes=sorted(n for n, v in verdicts.items() if v["verdict"] == "recovered"),
+                     stale_units=stale)
 
 
 if __name__ == "__main__":

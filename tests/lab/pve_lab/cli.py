@@ -218,6 +218,20 @@ def hostile_first_boot(paths: LabPaths, args: argparse.Namespace) -> int:
     return 0
 
 
+def partition(args: argparse.Namespace) -> int:
+    from pve_lab.nodes import network  # the node backend's module: only this command needs it
+    from pve_lab.nodes.common import LabError
+
+    try:
+        link = network.partition(args.vmid, heal=args.heal)
+    except LabError as err:
+        say("error: %s" % err)
+        return 1
+    say("VM %d: %s (link %s %s)" % (args.vmid, "partition healed" if args.heal else "cut off the network", link,
+                                    "up" if args.heal else "down"))
+    return 0
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pve_lab", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -235,8 +249,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     hostile.add_argument("--trigger", choices=["listening", "client"], default="listening",
                          help="count from sshd listening, or from its first client from outside the node")
     hostile.add_argument("--disarm", action="store_true", help="remove the fault instead")
+    cut = commands.add_parser("partition", help="cut a running node off the network (it keeps running), or heal it")
+    cut.add_argument("vmid", type=int)
+    cut.add_argument("--heal", action="store_true", help="put it back on the network")
     args = parser.parse_args(argv)
     paths = LabPaths(os.path.abspath(args.lab_dir))
+    if args.command == "partition":
+        return partition(args)
     if args.command == "hostile-first-boot":
         return hostile_first_boot(paths, args)
     if args.command == "up":

@@ -119,3 +119,14 @@ def teardown() -> None:
         run(["ip", "netns", "del", ns], check=False)
     for name in sorted(lab_links(), key=lambda n: n == BRIDGE):
         run(["ip", "link", "del", name], check=False)
+
+
+def partition(vmid: int, heal: bool = False) -> str:
+    """Cut a running node off the bridge (its link down on the host side) or heal it: the node keeps running, its
+    processes and units with it, and nothing reaches it meanwhile -- a network partition, which Proxmox's API has
+    no word for. Returns the link's name."""
+    for link in (veth_name(vmid), tap_name(vmid)):
+        if link_exists(link):
+            run(["ip", "link", "set", link, "up" if heal else "down"])
+            return link
+    raise LabError("VM %d has no link on the lab bridge: it is not running as a lab node" % vmid)

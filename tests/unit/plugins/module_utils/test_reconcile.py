@@ -58,3 +58,21 @@ def test_systemctl_list_units_output_is_parsed():
     text = ("llmgw-shard-a-0.service loaded active running llmgw a rank 0\n"
             "llmgw-shard-b-1.service loaded active running llmgw b rank 1\n\n")
     assert reconcile.parse_active_units(text) == ["llmgw-shard-a-0.service", "llmgw-shard-b-1.service"]
+
+
+def test_a_lost_node_reached_again_has_recovered_and_an_unreached_one_stays_lost():
+    nodes = [node("n1", "2026-12-02T11:00:00Z", state="lost"), node("n2", "2026-12-02T11:00:00Z", state="lost")]
+    probes = {"n1": {"reachable": True}, "n2": {"reachable": False}}
+    verdicts = reconcile.node_verdicts(nodes, probes, NOW, lost_after=10)
+    assert verdicts["n1"] == {"verdict": "recovered"}
+    assert verdicts["n2"] == {"verdict": "unseen", "unseen_for": 3600.0}
+
+
+def test_stale_units_are_the_shard_units_no_recorded_shard_places_on_that_node():
+    replicas = [replica("coder-a", ["n3", "n4"]), replica("broken", ["n2"], state="failed")]
+    found = units("coder-a", [0, 1]) + units("broken", [0]) + ["llmgw-shard-old-1.service", "sshd.service"]
+    # n2 ran coder-a's rank 1 before coder-a moved to n3/n4; broken is failed but still placed on n2: kept
+    expected = ["llmgw-shard-coder-a-0.service", "llmgw-shard-coder-a-1.service", "llmgw-shard-old-1.service"]
+    assert reconcile.stale_units("n2", found, replicas) == expected
+    assert reconcile.stale_units("n4", units("coder-a", [1]), replicas) == []
+    assert reconcile.stale_units("n4", [], replicas) == []

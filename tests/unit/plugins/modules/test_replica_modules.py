@@ -78,6 +78,21 @@ def test_a_lost_node_moves_its_replica_and_check_mode_predicts_it(fleet_db, tmp_
         assert registry.get_node("node01")["free_gpus"] == 8
     again = run_task(tmp_path, fleet_db, "llmgw.fleet.fleet_reconcile", args)
     assert not again["changed"] and again["failed_replicas"] == []
+    assert apply["stale_units"] == [], "node01's shard is reaped, not also stale"
+    # the probe still shows it running (as if the reap had not happened): now it is stale
+    assert again["stale_units"] == [{"node": "node01", "address": "10.77.0.131",
+                                     "units": ["llmgw-shard-coder-a-0.service"]}]
+
+    # node02 comes back, its coder-a rank 1 still running (a partition, not a crash): ready again, shard stale
+    back = run_task(tmp_path, fleet_db, "llmgw.fleet.fleet_reconcile", dict(args, probes=probes()))
+    assert back["changed"] and back["recovered_nodes"] == ["node02"]
+    assert back["nodes"]["node02"]["verdict"] == "recovered"
+    assert back["stale_units"] == [
+        {"node": "node01", "address": "10.77.0.131", "units": ["llmgw-shard-coder-a-0.service"]},
+        {"node": "node02", "address": "10.77.0.132", "units": ["llmgw-shard-coder-a-1.service"]}]
+    with FleetRegistry(fleet_db) as registry:
+        node02 = registry.get_node("node02")
+    assert node02["state"] == "ready" and node02["reasons"] == [] and node02["free_gpus"] == 8
 
     plan = run_task(tmp_path, fleet_db, "llmgw.fleet.fleet_replica_plan", {"name": "coder-a"}, check=True)
     assert plan["changed"] and plan["plan"]["port"] == 8082, "coder-b holds 8080 on node03 and node04"
