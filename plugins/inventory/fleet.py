@@ -113,6 +113,11 @@ fleet_engine_version:
   description: Inference engine version on the node.
   returned: always
   type: str
+fleet_engine_args:
+  description: Arguments every llama-server on the node gets, as onboarding found them (for example C(--no-repack)).
+  returned: always
+  type: list
+  elements: str
 fleet_cert_fingerprint:
   description: SHA-256 fingerprint of the node's certificate.
   returned: always
@@ -135,7 +140,7 @@ from ansible_collections.llmgw.fleet.plugins.module_utils import fleet_registry
 display = Display()
 
 HOST_VARS = ("vmid", "proxmox_node", "fabric", "gpu_type", "free_gpus", "cpu_variant", "engine_version",
-             "cert_fingerprint", "state", "reasons", "last_seen", "address")
+             "engine_args", "cert_fingerprint", "state", "reasons", "last_seen", "address")
 
 
 def group_name(prefix: str, value: str) -> str:

@@ -22,11 +22,17 @@ Replicas still being launched (``placing``, ``starting``) and ``failed`` ones ar
 from __future__ import annotations
 
 import datetime
+import re
 from typing import Dict, List, Mapping, Optional, Sequence
 
 from ansible_collections.llmgw.fleet.plugins.module_utils.replica_plan import UNIT_PREFIX, unit_name
 
 DEFAULT_LOST_AFTER = 60
+# Only units this collection names (replica_plan.unit_name), never another unit that shares the prefix.
+_SHARD_UNIT_RE = re.compile(r"^%s-[a-z0-9]([a-z0-9-]{0,40}[a-z0-9])?-\d+\.service$" % UNIT_PREFIX)
+# The reasons reconcile gives a node it declares lost; a node lost for any other reason (set by hand) is not
+# brought back by a probe.
+LOST_BY_RECONCILE = ("unseen for ", "never seen")
 
 
 def parse_time(value: Optional[str]) -> Optional[datetime.datetime]:
@@ -38,20 +44,22 @@ def parse_time(value: Optional[str]) -> Optional[datetime.datetime]:
 
 def node_verdicts(nodes: Sequence[Mapping], probes: Mapping[str, Mapping], now: datetime.datetime,
                   lost_after: float = DEFAULT_LOST_AFTER) -> Dict[str, dict]:
-    """Per probed node: ``seen``, ``recovered`` (a lost node reached again), ``lost`` (with the reason) or
-    ``unseen`` (not reached, not yet lost)."""
+    """Per probed node: ``seen``, ``recovered`` (a node reconcile declared lost, reached again), ``lost`` (with the
+    reason) or ``unseen`` (not reached, not yet lost; a lost node whose host key changed gets that reason)."""
     verdicts = {}
     for node in nodes:
         probe = probes.get(node["name"])
         if probe is None:
             continue
         if probe.get("reachable"):
-            verdicts[node["name"]] = {"verdict": "recovered" if node["state"] == "lost" else "seen"}
+            verdicts[node["name"]] = {"verdict": "recovered" if lost_by_reconcile(node) else "seen"}
             continue
         last = parse_time(node.get("last_seen"))
         unseen_for = None if last is None else (now - last).total_seconds()
         if node["state"] == "lost":
             verdicts[node["name"]] = {"verdict": "unseen", "unseen_for": unseen_for}
+            if host_key_changed(probe.get("error")):
+                verdicts[node["name"]]["reason"] = HOST_KEY_CHANGED
         elif unseen_for is None or unseen_for > lost_after:
             why = ("never seen" if unseen_for is None else
                    "unseen for %.0f s (more than %s s; last seen %s)" % (unseen_for, lost_after, node["last_seen"]))
@@ -60,6 +68,32 @@ def node_verdicts(nodes: Sequence[Mapping], probes: Mapping[str, Mapping], now: 
         else:
             verdicts[node["name"]] = {"verdict": "unseen", "unseen_for": unseen_for}
     return verdicts
+
+
+HOST_KEY_CHANGED = ("its host key changed: another machine answers at its address (a rebuilt VM, or a substituted "
+                    "one); it stays lost. If it was rebuilt on purpose, remove it and add it again (add_node)")
+
+
+def host_key_changed(error: Optional[str]) -> bool:
+    return bool(error) and ("Host key verification failed" in error or "IDENTIFICATION HAS CHANGED" in error)
+
+
+WAS_DRAINING = "it was draining"
+
+
+def lost_reasons(node: Mapping, reason: str) -> List[str]:
+    """The reasons a node declared lost gets; a draining node keeps that said, so it comes back draining."""
+    return [reason] + ([WAS_DRAINING] if node["state"] == "draining" else [])
+
+
+def state_after_recovery(node: Mapping) -> str:
+    return "draining" if WAS_DRAINING in (node.get("reasons") or []) else "ready"
+
+
+def lost_by_reconcile(node: Mapping) -> bool:
+    """A lost node whose loss reconcile recorded (so a probe that reaches it may bring it back)."""
+    reasons = node.get("reasons") or []
+    return node["state"] == "lost" and bool(reasons) and str(reasons[0]).startswith(LOST_BY_RECONCILE)
 
 
 def replica_verdicts(replicas: Sequence[Mapping], node_states: Mapping[str, str],
@@ -99,7 +133,7 @@ def stale_units(node: str, units: Sequence[str], replicas: Sequence[Mapping]) ->
     """The shard units on ``node`` (running, or only a unit file) that no recorded shard places there, whatever
     the replica's state: a failed replica's recorded shards are left to whoever relaunches it."""
     wanted = {unit_name(r["name"], s["rank"]) for r in replicas for s in r.get("shards") or [] if s["node"] == node}
-    return sorted({u for u in units if u.startswith(UNIT_PREFIX + "-") and u.endswith(".service")} - wanted)
+    return sorted({u for u in units if _SHARD_UNIT_RE.match(u)} - wanted)
 
 
 def parse_active_units(text: str) -> List[str]:

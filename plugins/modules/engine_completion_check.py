@@ -11,8 +11,9 @@ description:
     endpoint, asks for a few tokens and stops it. A CPU backend that loads but dies on the first quantized matrix
     multiply (SIGILL in AMX tile code on a VM whose CPU type advertises AMX it cannot run) is caught here, where
     C(llama-server --list-devices) and an F32 model pass.
-  - When the plain command fails, tries each of O(fallbacks) in turn (by default C(--no-repack), which keeps the
-    weights out of the AMX buffer type). The first that answers is returned as RV(engine_args), with a warning
+  - When the plain command crashes (killed by a signal), tries each of O(fallbacks) in turn (by default
+    C(--no-repack), which keeps the weights out of the AMX buffer type); any other failure (a timeout, an HTTP
+    error) is reported as it is. The first that answers is returned as RV(engine_args), with a warning
     that says what failed and what the arguments cost; the fleet registry keeps them for the node and every
     C(llama-server) launched there gets them. When none answers, the module fails and names every failure.
   - Changes nothing on the node (the server it starts is stopped before the module returns).
@@ -108,7 +109,9 @@ def main():
     for args in [[]] + [[str(a) for a in f] for f in params["fallbacks"]]:
         attempts.append(_server_once.attempt(params["engine_dir"], params["model"], params["threads"],
                                              params["timeout"], args))
-        if attempts[-1]["answered"]:
+        # Only a crash (a signal) is worth other arguments; a timeout or an HTTP error would make a fallback
+        # the node's for good on what may be a passing fault, so it is reported as it is.
+        if attempts[-1]["answered"] or not completion_probe.crashed(attempts[-1]):
             break
     found = completion_probe.verdict(params["node"], os.path.basename(params["model"]), attempts)
     if found["problem"]:

@@ -12,7 +12,9 @@ description:
   - Takes one probe per node (reached over ssh or not, and which shard units run there) and, in one registry
     transaction, records what follows from it.
   - A node reached is seen now. A node not reached whose last sighting is older than O(node_lost_after) seconds
-    is C(lost). A C(lost) node reached again has recovered and is C(ready) again.
+    is C(lost). A node this module declared C(lost) that is reached again has recovered and is C(ready) again
+    (C(draining) if it was draining; one set C(lost) by hand stays so); a lost node whose ssh host key changed
+    stays lost, with that reason.
   - A shard unit on a reached node that no recorded shard places there (running or only a unit file; left by a
     replica that moved away while the node was lost or partitioned) is stale and comes back in RV(stale_units), to
     be stopped and removed before anything is launched.
@@ -138,15 +140,20 @@ def _apply(registry, probes, lost_after, now):
     stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
     changed = False
     with registry.transaction():
-        verdicts = reconcile.node_verdicts(registry.list_nodes(), probes, now, lost_after)
+        nodes = {n["name"]: n for n in registry.list_nodes()}
+        verdicts = reconcile.node_verdicts(list(nodes.values()), probes, now, lost_after)
         for name, verdict in sorted(verdicts.items()):
             if verdict["verdict"] == "seen":
                 registry.put_node(name, last_seen=stamp)
             elif verdict["verdict"] == "recovered":
-                registry.put_node(name, state="ready", last_seen=stamp)
+                registry.put_node(name, state=reconcile.state_after_recovery(nodes[name]), last_seen=stamp)
                 changed = True
+            elif verdict.get("reason") == reconcile.HOST_KEY_CHANGED:
+                if reconcile.HOST_KEY_CHANGED not in nodes[name]["reasons"]:
+                    registry.put_node(name, reasons=nodes[name]["reasons"][:1] + [reconcile.HOST_KEY_CHANGED])
+                    changed = True
             elif verdict["verdict"] == "lost":
-                registry.put_node(name, state="lost", reasons=[verdict["reason"]])
+                registry.put_node(name, state="lost", reasons=reconcile.lost_reasons(nodes[name], verdict["reason"]))
                 changed = True
         states = {n["name"]: n["state"] for n in registry.list_nodes()}
         failed, relaunch = [], []

@@ -50,7 +50,7 @@ def attempt(engine_dir, model, threads, timeout, args):
     port = free_port()
     argv = [os.path.join(engine_dir, "llama-server"), "--verbose", "--host", "127.0.0.1", "--port", str(port),
             "--model", model, "--ctx-size", "256", "--threads", str(threads)] + list(args)
-    with tempfile.TemporaryFile(mode="w+") as log:
+    with tempfile.TemporaryFile(mode="w+", errors="replace") as log:
         server = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd="/")
         result = {"args": list(args), "answered": False, "rc": None, "error": ""}
         try:

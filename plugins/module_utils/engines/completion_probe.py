@@ -17,12 +17,16 @@ from typing import List, Mapping, Sequence
 from ansible_collections.llmgw.fleet.plugins.module_utils.engines import runtime
 
 AMX_VARIANTS = ("sapphirerapids",)
-# Tried in order after the plain command fails; each is what a node's llama-server will then always get.
-FALLBACKS = (("--no-repack",),)
+# What each fallback the engine role tries (engine_completion_fallbacks) costs, for the warning.
 FALLBACK_MEANING = {
     ("--no-repack",): "weights are used as stored, without repacking for this CPU's kernels (the AMX tile code is "
                       "never reached; prompt processing is slower than with working AMX)",
 }
+
+
+def crashed(attempt: Mapping) -> bool:
+    """Killed by a signal: the case other arguments may cure (a timeout or an HTTP error is not)."""
+    return not attempt.get("answered") and runtime.signal_name(attempt.get("rc")) is not None
 
 
 def describe_attempt(attempt: Mapping) -> str:
@@ -58,7 +62,8 @@ def verdict(node: str, model: str, attempts: Sequence[Mapping]) -> dict:
                 meaning = FALLBACK_MEANING.get(tuple(args), "")
                 warnings.append(
                     "%s: llama-server failed a completion on the quantized probe %s: %s; it answers with %s, so the "
-                    "node is registered with engine_args %s and every llama-server there gets them%s"
+                    "node is registered with engine_args %s, which every llama-server launched there from now on "
+                    "gets%s"
                     % (node, model, "; ".join(failures), " ".join(args), args, ": " + meaning if meaning else ""))
             return {"engine_args": args, "warnings": warnings, "problem": None}
         failures.append(describe_attempt(attempt))

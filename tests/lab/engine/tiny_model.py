@@ -12,7 +12,7 @@ and the model only ever writes printable ASCII.
 About 400 KiB: 2 layers, 64 wide, 4 heads, 259 + 32 tokens, all F32. Deterministic for a given seed.
 ``--quantize q4_0`` stores every matrix as Q4_0 (about 70 KiB): quantized weights are what go through llama.cpp's
 repacking and AMX kernels, which an F32 model never reaches. ``roles/engine/files/llmgw-probe-q4_0.gguf`` is this
-script's output with ``--seed 0 --quantize q4_0`` (a unit test regenerates it and compares).
+script's output with ``--seed 0 --quantize q4_0`` (tests/e2e/test_engine_checks.py regenerates it and compares).
 """
 
 import argparse

@@ -24,7 +24,7 @@ def test_sigill_in_the_amx_variant_then_an_answer_with_no_repack_records_it_and_
     (warning,) = found["warnings"]
     assert warning.startswith("node01: ")
     assert "(sapphirerapids CPU backend, no extra arguments) crashed with SIGILL" in warning
-    assert "AMX tile instructions" in warning and "engine_args ['--no-repack']" in warning
+    assert "AMX tile instructions" in warning and "engine_args ['--no-repack'], which every llama-server" in warning
     assert "without repacking" in warning
 
 
@@ -45,6 +45,14 @@ def test_an_http_side_failure_is_said_as_seen():
     found = completion_probe.verdict("node03", "probe.gguf", [
         attempt(variant=None, error="completion: HTTP Error 400: Bad Request")])
     assert "llama-server (CPU backend unknown, no extra arguments): completion: HTTP Error 400" in found["problem"]
+
+
+def test_only_a_crash_is_worth_a_fallback():
+    assert completion_probe.crashed(attempt(rc=SIGILL))
+    assert completion_probe.crashed(attempt(rc=132))  # a shell's 128 + 4
+    assert not completion_probe.crashed(attempt(rc=1))
+    assert not completion_probe.crashed(attempt(error="no answer within 120 s"))
+    assert not completion_probe.crashed(attempt(answered=True))
 
 
 def test_a_verdict_needs_the_plain_attempt():

@@ -60,18 +60,42 @@ def test_systemctl_list_units_output_is_parsed():
     assert reconcile.parse_active_units(text) == ["llmgw-shard-a-0.service", "llmgw-shard-b-1.service"]
 
 
-def test_a_lost_node_reached_again_has_recovered_and_an_unreached_one_stays_lost():
-    nodes = [node("n1", "2026-12-02T11:00:00Z", state="lost"), node("n2", "2026-12-02T11:00:00Z", state="lost")]
-    probes = {"n1": {"reachable": True}, "n2": {"reachable": False}}
+def lost(name, reasons):
+    return dict(node(name, "2026-12-02T11:00:00Z", state="lost"), reasons=reasons)
+
+
+def test_a_node_reconcile_lost_reached_again_has_recovered_and_an_unreached_one_stays_lost():
+    nodes = [lost("n1", ["unseen for 61 s (more than 60 s; last seen ...)"]), lost("n2", ["never seen"]),
+             lost("n3", ["unseen for 70 s"]), lost("n4", ["disk failed, replaced on Monday"])]
+    probes = {"n1": {"reachable": True}, "n2": {"reachable": True}, "n3": {"reachable": False},
+              "n4": {"reachable": True}}
     verdicts = reconcile.node_verdicts(nodes, probes, NOW, lost_after=10)
-    assert verdicts["n1"] == {"verdict": "recovered"}
-    assert verdicts["n2"] == {"verdict": "unseen", "unseen_for": 3600.0}
+    assert verdicts["n1"] == verdicts["n2"] == {"verdict": "recovered"}
+    assert verdicts["n3"] == {"verdict": "unseen", "unseen_for": 3600.0}
+    assert verdicts["n4"] == {"verdict": "seen"}, "a node set lost by hand is not brought back by a probe"
+
+
+def test_a_draining_node_that_is_lost_comes_back_draining():
+    draining = node("n1", state="draining")
+    reasons = reconcile.lost_reasons(draining, "unseen for 61 s")
+    assert reasons == ["unseen for 61 s", reconcile.WAS_DRAINING]
+    assert reconcile.state_after_recovery(dict(draining, state="lost", reasons=reasons)) == "draining"
+    assert reconcile.state_after_recovery(lost("n2", reconcile.lost_reasons(node("n2"), "never seen"))) == "ready"
+
+
+def test_a_lost_node_whose_host_key_changed_stays_lost_and_says_so():
+    error = "Host key verification failed."
+    verdicts = reconcile.node_verdicts([lost("n1", ["unseen for 61 s"])], {"n1": {"reachable": False,
+                                                                                  "error": error}}, NOW, 10)
+    assert verdicts["n1"]["verdict"] == "unseen" and verdicts["n1"]["reason"] == reconcile.HOST_KEY_CHANGED
 
 
 def test_stale_units_are_the_shard_units_no_recorded_shard_places_on_that_node():
     replicas = [replica("coder-a", ["n3", "n4"]), replica("broken", ["n2"], state="failed")]
-    found = units("coder-a", [0, 1]) + units("broken", [0]) + ["llmgw-shard-old-1.service", "sshd.service"]
-    # n2 ran coder-a's rank 1 before coder-a moved to n3/n4; broken is failed but still placed on n2: kept
+    found = units("coder-a", [0, 1]) + units("broken", [0]) + ["llmgw-shard-old-1.service", "sshd.service",
+                                                               "llmgw-shard-by-hand.service", "llmgw-shard-x-1.timer"]
+    # n2 ran coder-a's rank 1 before coder-a moved to n3/n4; broken is failed but still placed on n2: kept;
+    # units that only share the prefix (no rank, another type) are not this collection's
     expected = ["llmgw-shard-coder-a-0.service", "llmgw-shard-coder-a-1.service", "llmgw-shard-old-1.service"]
     assert reconcile.stale_units("n2", found, replicas) == expected
     assert reconcile.stale_units("n4", units("coder-a", [1]), replicas) == []

@@ -83,6 +83,16 @@ def test_a_lost_node_moves_its_replica_and_check_mode_predicts_it(fleet_db, tmp_
     assert again["stale_units"] == [{"node": "node01", "address": "10.77.0.131",
                                      "units": ["llmgw-shard-coder-a-0.service"]}]
 
+    # another machine answers at node02's address: it stays lost, and says why, once
+    swapped = [dict(p, error="Host key verification failed.") if p["node"] == "node02" else p
+               for p in probes(unreachable=["node02"])]
+    told = run_task(tmp_path, fleet_db, "llmgw.fleet.fleet_reconcile", dict(args, probes=swapped))
+    assert told["changed"] and told["nodes"]["node02"]["reason"].startswith("its host key changed")
+    assert not run_task(tmp_path, fleet_db, "llmgw.fleet.fleet_reconcile", dict(args, probes=swapped))["changed"]
+    with FleetRegistry(fleet_db) as registry:
+        reasons = registry.get_node("node02")["reasons"]
+    assert reasons[0].startswith("unseen for 60 s") and reasons[1].startswith("its host key changed")
+
     # node02 comes back, its coder-a rank 1 still running (a partition, not a crash): ready again, shard stale
     back = run_task(tmp_path, fleet_db, "llmgw.fleet.fleet_reconcile", dict(args, probes=probes()))
     assert back["changed"] and back["recovered_nodes"] == ["node02"]
