@@ -5,7 +5,8 @@ A probe is ``{node, reachable, active_units}``: whether the controller reached t
 shard units run there. From them:
 
 - a reachable node is seen now; a node not reachable whose last sighting is older than ``lost_after`` seconds (or
-  that was never seen) is lost; a lost node that is reachable again has recovered and is ready again;
+  that was never seen) is lost; a node reconcile declared lost that is reachable again has recovered (ready again,
+  or draining if it was draining); a lost node whose host key changed stays lost and says so;
 - a shard unit on a reachable node that the registry does not place there (a replica moved away while the node was
   lost or partitioned, one removed while it was unreachable) is stale: stopped and its unit file removed, before
   anything is launched;

@@ -41,7 +41,7 @@ options:
     type: int
     default: 120
   fallbacks:
-    description: Argument lists tried in order when the plain command fails. An empty list tries none.
+    description: Argument lists tried in order when the plain command crashes. An empty list tries none.
     type: list
     elements: list
     default: [[--no-repack]]

@@ -12,7 +12,6 @@ import importlib.util
 import json
 import os
 import shutil
-import socket
 import stat
 import subprocess
 import tarfile
@@ -25,6 +24,7 @@ import pytest
 from helpers import REPO, run_playbook
 
 from ansible_collections.llmgw.fleet.plugins.module_utils import ggml_cpu_variants as gcv
+from ansible_collections.llmgw.fleet.plugins.module_utils.engines import _server_once
 
 KVM64_FLAGS = ("fpu vme de pse tsc msr pae mce cx8 apic sep mtrr pge mca cmov pat pse36 clflush mmx fxsr sse sse2 "
                "syscall nx lm rep_good nopl cpuid pni cx16 x2apic hypervisor lahf_lm")
@@ -88,15 +88,9 @@ def pack(tree, dest_dir, tag="b11434"):
         return archive, hashlib.sha256(handle.read()).hexdigest()
 
 
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def serve_and_complete(engine_dir, model, tmp_path):
     """Start llama-server on loopback with ``model``, ask for 8 tokens; returns (answer, server log)."""
-    port = free_port()
+    port = _server_once.free_port()
     log_path = tmp_path / "server.log"
     with open(str(log_path), "w") as log:
         server = subprocess.Popen([os.path.join(engine_dir, "llama-server"), "--verbose", "-m", model,
