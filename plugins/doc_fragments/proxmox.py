@@ -52,6 +52,16 @@ options:
       - Seconds to wait for one HTTP answer of the API (not for tasks, see the module's own timeouts).
     type: int
     default: 30
+  write_concurrency:
+    description:
+      - At most this many API writes (clone, configure, start, stop, destroy, each with its task) run at once from
+        this controller, counted across processes (the forks of one C(llmgw.fleet.add_node) run, or several runs),
+        through lock files under C(~/.cache/llmgw/proxmox-writes/). V(0) sets no limit.
+      - A write that Proxmox VE refuses because a config file lock could not be taken (C(can't lock file ... - got
+        timeout), nothing done) is tried again after 1, 2, 4 and 8 seconds (with jitter) before it fails.
+      - Set it in the inventory as C(fleet_proxmox.write_concurrency).
+    type: int
+    default: 4
 requirements:
   - proxmoxer >= 2.0
   - requests

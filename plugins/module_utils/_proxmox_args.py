@@ -23,6 +23,7 @@ def proxmox_argument_spec():
         validate_certs=dict(type="bool", default=True),
         ca_path=dict(type="path", fallback=_env("ca_path")),
         api_timeout=dict(type="int", default=30),
+        write_concurrency=dict(type="int", default=4),
     )
 
 

@@ -5,10 +5,21 @@ It authenticates by API token or password, verifies TLS by default (optionally a
 tasks itself (a task that ends in an error fails at once, with the tail of its log; ``WARNINGS: N`` counts as
 success) and raises the typed errors of ``proxmox_errors``. It never calls ``fail_json``: modules, the lookup
 and the inventory plugin turn its errors into their own messages.
+
+Under parallel load (the forks of one add_node run) it keeps to what Proxmox VE does: an operation that fails on
+a config file lock ("can't lock file '...' - got timeout": qemu-server's lock_config_full/lock_config_shared gave
+up, nothing was done) is tried again with backoff, a bounded number of times; and at most
+``write_concurrency`` writes (their tasks included) run at once from this controller, across processes.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
+import os
+import random
+import re
 import time
 import traceback
 from collections import namedtuple
@@ -41,6 +52,12 @@ DEFAULT_HTTP_TIMEOUT = 30
 TASK_LOG_TAIL = 20
 GET_ATTEMPTS = 3
 TRANSIENT_STATUS = frozenset([502, 503, 504, 595, 596])
+DEFAULT_WRITE_CONCURRENCY = 4
+# Seconds slept before each new try of an operation refused on a config file lock (a jitter of up to half is
+# added, so that forks that met one lock do not meet again); then the lock error is raised with its tries.
+LOCK_RETRY_DELAYS = (1.0, 2.0, 4.0, 8.0)
+LOCK_TIMEOUT_RE = re.compile(r"can't lock file '[^']*' - got timeout")
+WRITE_SLOT_WAIT = 3600
 
 ENV_FALLBACKS = {
     "api_host": "PROXMOX_HOST",
@@ -57,7 +74,9 @@ ENV_FALLBACKS = {
 class ConnectionSettings(
     namedtuple(
         "ConnectionSettings",
-        ["host", "port", "user", "password", "token_id", "token_secret", "validate_certs", "ca_path", "timeout"],
+        ["host", "port", "user", "password", "token_id", "token_secret", "validate_certs", "ca_path", "timeout",
+         "write_concurrency"],
+        defaults=(DEFAULT_WRITE_CONCURRENCY,),
     )
 ):
     """How to reach and authenticate to the API. Build it with ``settings_from_params``."""
@@ -124,7 +143,82 @@ def settings_from_params(params, environ=None):
         validate_certs=True if validate_certs is None else bool(validate_certs),
         ca_path=pick("ca_path"),
         timeout=int(params.get("api_timeout") or DEFAULT_HTTP_TIMEOUT),
+        write_concurrency=_write_concurrency(params.get("write_concurrency")),
     )
+
+
+def _write_concurrency(value):
+    if value is None:
+        return DEFAULT_WRITE_CONCURRENCY
+    try:
+        count = int(value)
+    except (TypeError, ValueError):
+        count = -1
+    if count < 0:
+        raise ProxmoxError(
+            "write_concurrency must be a count of API writes at once (0 for no limit), got %r: set "
+            "fleet_proxmox.write_concurrency to a whole number such as %d" % (value, DEFAULT_WRITE_CONCURRENCY)
+        )
+    return count
+
+
+def is_lock_timeout(error):
+    """Whether a failed operation gave up on a config file lock, having done nothing."""
+    text = getattr(error, "exitstatus", None) or str(error)
+    return bool(LOCK_TIMEOUT_RE.search(text or ""))
+
+
+class WriteSlots:
+    """At most ``count`` API writes at once from this controller, across processes: each write holds an exclusive
+    flock on one of ``count`` files in ``directory`` for as long as it runs (its task included). 0: no limit."""
+
+    def __init__(self, directory, count, sleep=time.sleep, clock=time.monotonic, wait=WRITE_SLOT_WAIT):
+        self.directory = directory
+        self.count = count
+        self._sleep = sleep
+        self._clock = clock
+        self._wait = wait
+
+    @classmethod
+    def for_settings(cls, settings, **kwargs):
+        base = os.path.join(os.path.expanduser("~"), ".cache", "llmgw", "proxmox-writes")
+        host = re.sub(r"[^A-Za-z0-9_.-]", "_", "%s_%s" % (settings.host, settings.port))
+        return cls(os.path.join(base, host), settings.write_concurrency, **kwargs)
+
+    def _take(self):
+        for index in range(self.count):
+            fd = os.open(os.path.join(self.directory, "slot-%d.lock" % index), os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return fd
+            except OSError as exc:
+                os.close(fd)
+                if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                    raise
+        return None
+
+    @contextlib.contextmanager
+    def hold(self, what):
+        if not self.count:
+            yield
+            return
+        os.makedirs(self.directory, mode=0o700, exist_ok=True)
+        deadline = self._clock() + self._wait
+        fd = self._take()
+        while fd is None:
+            if self._clock() >= deadline:
+                raise Timeout(
+                    "%s: no Proxmox write slot came free in %ss (%d writes at once from this controller, see "
+                    "write_concurrency; the lock files are in %s)" % (what, self._wait, self.count, self.directory),
+                    what="write slot",
+                )
+            self._sleep(0.2)
+            fd = self._take()
+        try:
+            yield
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
 
 
 def parse_upid(upid):
@@ -164,12 +258,17 @@ def _translate(exc, what):
 class ProxmoxClient:
     """Typed access to the parts of the PVE API the collection uses."""
 
-    def __init__(self, api, settings=None, sleep=time.sleep, clock=time.monotonic, poll_interval=1.0):
+    def __init__(self, api, settings=None, sleep=time.sleep, clock=time.monotonic, poll_interval=1.0,
+                 write_slots=None, jitter=random.random):
         self._api = api
         self.settings = settings
         self._sleep = sleep
         self._clock = clock
         self._poll_interval = poll_interval
+        if write_slots is None and settings is not None:
+            write_slots = WriteSlots.for_settings(settings, sleep=sleep, clock=clock)
+        self._write_slots = write_slots
+        self._jitter = jitter
 
     @classmethod
     def connect(cls, settings, **kwargs):
@@ -303,6 +402,26 @@ class ProxmoxClient:
 
     # ------------------------------------------------------------------------------------------ operations
 
+    def _write(self, what, operation):
+        """One write operation (a call and its task): in a write slot, tried again when it gave up on a config
+        file lock. Only a lock timeout is tried again: the operation did nothing then, whatever it was."""
+        for attempt in range(len(LOCK_RETRY_DELAYS) + 1):
+            try:
+                if self._write_slots is None:
+                    return operation()
+                with self._write_slots.hold(what):
+                    return operation()
+            except ProxmoxError as exc:
+                if not is_lock_timeout(exc):
+                    raise
+                if attempt == len(LOCK_RETRY_DELAYS):
+                    exc.message = "%s (tried %d times over %.0f s: another operation holds that lock; the node's " \
+                        "task list shows which)" % (exc.message, attempt + 1, sum(LOCK_RETRY_DELAYS))
+                    exc.args = (exc.message,)
+                    raise
+                delay = LOCK_RETRY_DELAYS[attempt]
+                self._sleep(delay + delay * 0.5 * self._jitter())
+
     def clone_vm(self, node, template_vmid, newid, name, timeout, full=None, target=None, storage=None, pool=None):
         params = dict(newid=int(newid), name=name)
         if full is not None:
@@ -310,10 +429,13 @@ class ProxmoxClient:
         for key, value in (("target", target), ("storage", storage), ("pool", pool)):
             if value:
                 params[key] = value
-        return self._run_task(self.post(self._vm_path(node, template_vmid, "clone"), **params), timeout)
+        path = self._vm_path(node, template_vmid, "clone")
+        return self._write("clone %s to %s" % (template_vmid, newid),
+                           lambda: self._run_task(self.post(path, **params), timeout))
 
     def create_vm(self, node, vmid, params, timeout):
-        return self._run_task(self.post("nodes/%s/qemu" % node, vmid=int(vmid), **params), timeout)
+        return self._write("create %s" % vmid,
+                           lambda: self._run_task(self.post("nodes/%s/qemu" % node, vmid=int(vmid), **params), timeout))
 
     def update_config(self, node, vmid, params, timeout, digest=None, delete=None):
         """Change the config in one call; a stale ``digest`` raises ConfigChanged."""
@@ -322,25 +444,30 @@ class ProxmoxClient:
             body["digest"] = digest
         if delete:
             body["delete"] = ",".join(delete)
-        return self._run_task(self.post(self._vm_path(node, vmid, "config"), **body), timeout)
+        return self._write("configure %s" % vmid,
+                           lambda: self._run_task(self.post(self._vm_path(node, vmid, "config"), **body), timeout))
+
+    def _power(self, node, vmid, action, timeout, **params):
+        path = self._vm_path(node, vmid, "status", action)
+        return self._write("%s %s" % (action, vmid), lambda: self._run_task(self.post(path, **params), timeout))
 
     def start_vm(self, node, vmid, timeout):
-        return self._run_task(self.post(self._vm_path(node, vmid, "status", "start")), timeout)
+        return self._power(node, vmid, "start", timeout)
 
     def stop_vm(self, node, vmid, timeout):
-        return self._run_task(self.post(self._vm_path(node, vmid, "status", "stop")), timeout)
+        return self._power(node, vmid, "stop", timeout)
 
     def shutdown_vm(self, node, vmid, timeout, grace):
         """ACPI shutdown; after ``grace`` seconds PVE stops the VM hard (``forceStop``)."""
-        upid = self.post(self._vm_path(node, vmid, "status", "shutdown"), timeout=int(grace), forceStop=1)
-        return self._run_task(upid, timeout)
+        return self._power(node, vmid, "shutdown", timeout, timeout=int(grace), forceStop=1)
 
     def reboot_vm(self, node, vmid, timeout):
-        return self._run_task(self.post(self._vm_path(node, vmid, "status", "reboot")), timeout)
+        return self._power(node, vmid, "reboot", timeout)
 
     def delete_vm(self, node, vmid, timeout):
-        upid = self.delete(self._vm_path(node, vmid), purge=1, **{"destroy-unreferenced-disks": 1})
-        return self._run_task(upid, timeout)
+        params = {"purge": 1, "destroy-unreferenced-disks": 1}
+        return self._write("destroy %s" % vmid,
+                           lambda: self._run_task(self.delete(self._vm_path(node, vmid), **params), timeout))
 
     # ----------------------------------------------------------------------------------------- guest agent
 
