@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Dict, List, Mapping, Sequence
 
 NAMED_NODES = 8  # nodes named per fabric in a refusal before "and N more"
@@ -111,10 +112,103 @@ def refusal_reason(space, item, cap: Mapping[str, Mapping[str, object]]) -> str:
     return "%s; %s" % (head, _fabrics_words(space, item, fabrics, item.shards, cap))
 
 
-def crowded_out_reason(item, placed: int, total: int) -> str:
+def crowded_out_reason(item, placed: int, total: int, by: Sequence[str] = ()) -> str:
     what = "repaired" if item.repair else "placed"
+    crowd = "; crowded out by %s in this batch, whose shards take the GPUs it could use" % ", ".join(by) if by else ""
     return ("%s was not %s: it would fit on its own, but this batch places the most replicas (%d of %d) without "
-            "it" % (item.name, what, placed, total))
+            "it%s" % (item.name, what, placed, total, crowd))
+
+
+# -- what would make a refused replica fit, from the solver's own state -----------------------------------------
+
+FIX_KINDS = ("drop_constraint", "free_gpus", "add_node", "crowded_out")
+
+
+def fixes(space, item, holders: Mapping[str, Sequence[str]]) -> List[Dict[str, object]]:
+    """Changes that would let ``item`` fit on its own, cheapest first, each ``{kind, text, ...}``:
+
+    * ``drop_constraint``: a ``fabric``, ``gpu_type`` or ``avoid_nodes`` without which it fits now;
+    * ``free_gpus``: on the fabric where the fewest GPUs are short, which nodes lack how many and which replicas
+      hold GPUs there (``holders``: node -> replicas);
+    * ``add_node``: how many ready nodes with at least its GPUs per shard the closest fabric lacks.
+    """
+    out: List[Dict[str, object]] = []
+    out.extend(_drop_fixes(space, item))
+    modes = (["repair"] if space.can_stay(item) else []) + ["move" if item.repair else "place"]
+    best_free = best_add = None
+    for mode in modes:
+        need = space.need(item, mode)
+        for fabric in space.fabrics_for(item, mode) or ([item.fabric] if item.fabric else []):
+            usable = [n for n in space.fabric_members.get(fabric, ()) if n in space.ready and _allowed(space, item, n)]
+            fitting = [n for n in usable if space.free[n] >= item.gpus]
+            add = (need - len(fitting), fabric, mode)
+            if best_add is None or add < best_add:
+                best_add = add
+            able = [n for n in usable if space.total[n] - _pinned(space, n, holders) >= item.gpus]
+            if len(able) >= need and need:
+                chosen = sorted(able, key=lambda n: (-space.free[n], n))[:need]
+                short = {n: item.gpus - space.free[n] for n in chosen if space.free[n] < item.gpus}
+                free = (sum(short.values()), fabric, mode, short)
+                if short and (best_free is None or free[:2] < best_free[:2]):
+                    best_free = free
+    if best_free is not None:
+        gpus, fabric, _mode, short = best_free
+        by = sorted({r for n in short for r in holders.get(n, ())})
+        out.append({"kind": "free_gpus", "fabric": fabric, "gpus": gpus, "nodes": dict(sorted(short.items())),
+                    "replicas": by, "text": "free %d GPU%s on %s (%s): replica%s %s hold%s them" % (
+                        gpus, "" if gpus == 1 else "s", fabric,
+                        ", ".join("%s needs %d more" % (n, k) for n, k in sorted(short.items())),
+                        "" if len(by) == 1 else "s", ", ".join(by), "s" if len(by) == 1 else "")})
+    if best_add is not None and best_add[0] > 0:
+        count, fabric, _mode = best_add
+        wants = ["%d GPUs" % item.gpus] if item.gpus else []
+        if item.gpu_type:
+            wants.append("of type %s" % item.gpu_type)
+        out.append({"kind": "add_node", "fabric": fabric, "nodes": count, "gpus": item.gpus,
+                    "text": "add %s ready node%s with >= %s free to %s" % (
+                        "a" if count == 1 else str(count), "" if count == 1 else "s",
+                        " ".join(wants) or "0 GPUs", fabric)})
+    return out
+
+
+def _allowed(space, item, name: str) -> bool:
+    return (name not in item.avoid and name not in item.kept_nodes
+            and (item.gpu_type is None or space.gpu_type[name] == item.gpu_type))
+
+
+def _pinned(space, name: str, holders: Mapping[str, Sequence[str]]) -> int:
+    """GPUs of a node that no replica holds and that are still not free (reserved outside the fleet)."""
+    return 0 if holders.get(name) else space.total[name] - space.free[name]
+
+
+def _drop_fixes(space, item) -> List[Dict[str, object]]:
+    out: List[Dict[str, object]] = []
+    ready = sorted(space.ready)
+    drops = []
+    if item.gpu_type is not None:
+        typed = [n for n in ready if space.gpu_type[n] == item.gpu_type]
+        why = ("no ready node has it" if not typed else "%d ready node%s have it, with at most %d free GPUs" % (
+            len(typed), "" if len(typed) == 1 else "s", max(space.free[n] for n in typed)))
+        drops.append(("gpu_type", item.gpu_type, why, dataclasses.replace(item, gpu_type=None)))
+    if item.fabric is not None:
+        members = [n for n in ready if space.fabric[n] == item.fabric]
+        why = ("it has no ready node" if not members else "its %d ready node%s have %d free GPUs" % (
+            len(members), "" if len(members) == 1 else "s", sum(space.free[n] for n in members)))
+        drops.append(("fabric", item.fabric, why, dataclasses.replace(item, fabric=None)))
+    if item.avoid:
+        drops.append(("avoid_nodes", ",".join(sorted(item.avoid)), "those nodes could take it",
+                      dataclasses.replace(item, avoid=frozenset())))
+    for key, value, why, relaxed in drops:
+        if space.has_option(relaxed):
+            out.append({"kind": "drop_constraint", "constraint": key, "value": value,
+                        "text": "drop %s=%s (%s)" % (key, value, why)})
+    return out
+
+
+def fixes_words(found: Sequence[Mapping[str, object]]) -> str:
+    if not found:
+        return ""
+    return "; to make it fit: " + "; or ".join(str(f["text"]) for f in found)
 
 
 # -- fleet status -------------------------------------------------------------------------------------------

@@ -14,7 +14,14 @@ from typing import Dict, FrozenSet, Iterator, List, Optional, Sequence, Tuple
 
 @dataclasses.dataclass(frozen=True)
 class Item:
-    """One replica to decide: a new request, or (``repair``) an existing replica that lost shards."""
+    """One replica to decide: a new request, or (``repair``) an existing replica that is broken.
+
+    A repair may stay in place (mode ``repair``: its live shards, ``kept``, stay and the ``missing`` ranks get
+    new nodes on ``own_fabric``; only when something survives) or be placed whole again (mode ``move``: its
+    live shards are reaped and their GPUs freed; any allowed fabric, its own included, never on a node where a
+    reaped shard was). ``held_shards``: whether it held any shard at all (a move of one that held none is a
+    plain placement).
+    """
 
     name: str
     shards: int
@@ -26,6 +33,7 @@ class Item:
     kept: Tuple = ()  # surviving Shard objects of a replica being repaired
     own_fabric: Optional[str] = None
     missing: Tuple[int, ...] = ()  # ranks a repair in place must fill
+    held_shards: bool = False
     kept_nodes: FrozenSet[str] = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
@@ -122,10 +130,18 @@ class Space:
             self._count(name, +1)
 
     def apply(self, item: Item, option: Option) -> list:
-        changes = []
-        if item.repair and option.mode in ("move", "skip"):
-            changes.extend((s.node, item.gpus, -1) for s in item.kept if s.node in self.free)
-        changes.extend((name, -item.gpus, +1) for name in option.nodes)
+        """Decide ``item``: a repair that does not stay in place gives back its live shards' GPUs first."""
+        changes = self.release(item) if item.repair and option.mode in ("move", "skip") else []
+        return changes + self.take(item, option)
+
+    def release(self, item: Item) -> list:
+        """Free the GPUs of a repair's live shards (it is moved or failed)."""
+        return self._do([(s.node, item.gpus, -1) for s in item.kept if s.node in self.free])
+
+    def take(self, item: Item, option: Option) -> list:
+        return self._do([(name, -item.gpus, +1) for name in option.nodes])
+
+    def _do(self, changes: list) -> list:
         for name, dfree, dshards in changes:
             self._change(name, dfree, dshards)
         return changes
@@ -153,11 +169,13 @@ class Space:
 
     def fabrics_for(self, item: Item, mode: str) -> List[str]:
         fabrics = self.fabrics if item.fabric is None else [f for f in self.fabrics if f == item.fabric]
-        if mode == "repair":
-            return [f for f in fabrics if f == item.own_fabric]
-        if mode == "move" and item.own_fabric is not None:
-            return [f for f in fabrics if f != item.own_fabric]
+        if mode == "repair":  # its own fabric, even one with no ready node left (nothing may be missing)
+            return [item.own_fabric] if item.kept and item.fabric in (None, item.own_fabric) else []
         return fabrics
+
+    def can_stay(self, item: Item) -> bool:
+        """Whether a repair could stay in place at all (something survives, on a fabric it may use)."""
+        return item.repair and bool(item.kept) and bool(self.fabrics_for(item, "repair"))
 
     def need(self, item: Item, mode: str) -> int:
         return len(item.missing) if mode == "repair" else item.shards
@@ -166,14 +184,13 @@ class Space:
         """New replicas are placed; a repair stays on its own fabric when that fabric can hold all of it."""
         if not item.repair:
             return "place"
-        if (item.own_fabric is not None and self.fabrics_for(item, "repair")
-                and self._fabric_best(item, item.own_fabric, len(item.missing)) is not None):
+        if self.can_stay(item) and self._fabric_best(item, item.own_fabric, len(item.missing)) is not None:
             return "repair"
         return "move"
 
     def _candidates(self, item: Item, fabric: str, need: int = 0) -> List[str]:
         # The histogram says at once when a fabric has too few ready nodes with enough free GPUs at all.
-        if need and sum(self.hist[fabric][: max(0, self.gmax - item.gpus + 1)]) < need:
+        if need and sum(self.hist.get(fabric, ())[: max(0, self.gmax - item.gpus + 1)]) < need:
             return []
         return [n for n in self.fabric_nodes.get(fabric, ()) if self.eligible(item, n)]
 
@@ -195,7 +212,10 @@ class Space:
 
     def best_option(self, item: Item) -> Option:
         """The single best option by the objective (room, balance, names), or SKIP when nothing fits."""
-        mode = self.mode(item)
+        return self.best_in(item, self.mode(item))
+
+    def best_in(self, item: Item, mode: str) -> Option:
+        """The best option of ``item`` in ``mode`` (``place``, ``repair`` in place, ``move``), or SKIP."""
         need = self.need(item, mode)
         best = None
         for fabric in self.fabrics_for(item, mode):
@@ -217,16 +237,19 @@ class Space:
                 return Option(mode, fabric, tuple(nodes))
         return SKIP
 
-    def options(self, item: Item) -> Iterator[Option]:
-        """Every option up to symmetry, the best first, SKIP last: what the exact search branches on."""
-        first = self.best_option(item)
+    def options(self, item: Item, mode: str) -> Iterator[Option]:
+        """Every option of ``item`` in ``mode`` up to symmetry, the best first, then SKIP (except in mode
+        ``repair``: a repair that stays in place and finds no nodes is the same as one moved and failed, which
+        the search tries anyway): what the exact search branches on."""
+        first = self.best_in(item, mode)
         if first is SKIP:
-            yield SKIP
+            if mode != "repair":
+                yield SKIP
             return
         yield first
         seen = {(first.fabric, self._class_key(first.nodes))}
-        need = self.need(item, first.mode)
-        for fabric in self.fabrics_for(item, first.mode):
+        need = self.need(item, mode)
+        for fabric in self.fabrics_for(item, mode):
             groups: Dict[tuple, List[str]] = collections.defaultdict(list)
             for name in self._candidates(item, fabric):
                 groups[(self.free[name], self.sig[name])].append(name)
@@ -238,8 +261,9 @@ class Space:
                 key = (fabric, self._class_key(nodes))
                 if key not in seen:
                     seen.add(key)
-                    yield Option(first.mode, fabric, nodes)
-        yield SKIP
+                    yield Option(mode, fabric, nodes)
+        if mode != "repair":
+            yield SKIP
 
     def _class_key(self, nodes: Sequence[str]) -> tuple:
         return tuple(sorted(collections.Counter((self.sig[n], self.free[n]) for n in nodes).items()))

@@ -641,12 +641,15 @@ class FleetRegistry:
             self.set_shards(name, [])
             self.put_replica(name, state="failed", reasons=[decision.reason])
             return
+        states = {s["node"]: (self.get_node(s["node"]) or {}).get("state") for s in before["shards"]}
         self.set_shards(name, [s.to_dict() for s in decision.shards])
-        lost = ", ".join(sorted(s["node"] for s in before["shards"]
-                                if (self.get_node(s["node"]) or {}).get("state", "lost") == "lost"))
+        lost = ", ".join(sorted(n for n, state in states.items() if state not in placement.LIVE_NODE_STATES))
+        # placement.broken_reason is the one definition of what made it need this (failed, a shard not live, ...)
+        cause = "after losing %s" % lost if lost else "(%s)" % placement.broken_reason(
+            before["shard_count"], [(s["rank"], s["node"]) for s in before["shards"]], states, before["state"])
         why = {"place": "placed on %s" % decision.fabric,
-               "repair": "repaired on %s after losing %s" % (decision.fabric, lost),
-               "move": "moved to %s after losing %s" % (decision.fabric, lost)}[decision.action]
+               "repair": "repaired on %s %s" % (decision.fabric, cause),
+               "move": "moved to %s %s" % (decision.fabric, cause)}[decision.action]
         self.put_replica(name, state="placing", reasons=[why])
 
     def snapshot(self) -> dict:

@@ -37,6 +37,32 @@ from ansible_collections.llmgw.fleet.plugins.module_utils._placement_space impor
 
 NODE_STATES = ("pending", "ready", "draining", "lost")
 REPLICA_STATES = ("placing", "starting", "ready", "failed")
+# A shard on a node in one of these states is live. Draining nodes keep the shards they hold (they only get no
+# new ones); a shard on a lost, pending or unknown node is not live.
+LIVE_NODE_STATES = ("ready", "draining")
+
+
+def broken_reason(shard_count: int, shards: Iterable[Tuple[int, str]], node_states: Mapping[str, str],
+                  state: Optional[str] = None) -> Optional[str]:
+    """The one definition of a replica that is not whole, on plain data, for every entry point (``place``,
+    ``repair``, ``plan``, ``decide``, the registry and reconcile): ``None`` when it is whole, else why not.
+
+    Broken: its state is ``failed``; or a shard is on a node that is not live (lost, pending, or not in the
+    fleet: ``node_states`` maps node name to state and has no entry for a node that is gone); or it holds fewer
+    live shards than ``shard_count`` (a rank missing, or nothing left at all).
+    """
+    shards = list(shards)
+    why = []
+    if state == "failed":
+        why.append("it is failed")
+    dead = ["rank %d on %s (%s)" % (rank, node, node_states.get(node, "gone")) for rank, node in sorted(shards)
+            if node_states.get(node) not in LIVE_NODE_STATES]
+    if dead:
+        why.append("shard%s not live: %s" % ("s" if len(dead) > 1 else "", ", ".join(dead)))
+    live = sum(1 for _rank, node in shards if node_states.get(node) in LIVE_NODE_STATES)
+    if live < shard_count:
+        why.append("%d of its %d shards live" % (live, shard_count))
+    return "; ".join(why) or None
 
 # The exact search takes fleets with at most this many ready nodes per fabric and in all; larger ones get the
 # heuristic (each search node costs time in proportion to the fleet, so the budget below buys less there).
@@ -176,6 +202,8 @@ class Refusal:
     needs: Mapping[str, int]
     capacity: Mapping[str, Mapping[str, object]]
     reaped_shards: Tuple[Shard, ...] = ()
+    # What would make it fit, each {kind, text, ...}: kinds in _placement_report.FIX_KINDS (docs/placement.md).
+    fixes: Tuple[Mapping[str, object], ...] = ()
 
     placed = False
 
@@ -188,6 +216,7 @@ class Refusal:
             "needs": dict(self.needs),
             "capacity": {k: dict(v) for k, v in self.capacity.items()},
             "reaped_shards": [s.to_dict() for s in self.reaped_shards],
+            "fixes": [dict(f) for f in self.fixes],
         }
 
 
@@ -202,10 +231,20 @@ class Plan:
     strategy: str
     exact: bool
     expansions: int
+    # The value the batch reached and an upper bound on what any answer could reach, each as
+    # {repairs, placed, moved}: repairs that succeed, new replicas placed, shards moved (the bound's "moved" is
+    # the fewest any answer with that many repairs could move). Equal when ``exact``.
+    value: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    bound: Mapping[str, int] = dataclasses.field(default_factory=dict)
 
     @property
     def placed(self) -> int:
         return sum(1 for d in self.decisions if d.placed)
+
+    @property
+    def gap(self) -> Dict[str, int]:
+        """How far the answer may be from the optimum: repairs and new replicas the bound allows beyond it."""
+        return {k: int(self.bound.get(k, 0)) - int(self.value.get(k, 0)) for k in ("repairs", "placed")}
 
     def get(self, name: str) -> Decision:
         for decision in self.decisions:
@@ -219,6 +258,9 @@ class Plan:
             "exact": self.exact,
             "expansions": self.expansions,
             "placed": self.placed,
+            "value": dict(self.value),
+            "bound": dict(self.bound),
+            "gap": self.gap,
             "decisions": [d.to_dict() for d in self.decisions],
         }
 
@@ -282,18 +324,20 @@ class Fleet:
         return sorted({n.fabric for n in self.nodes.values()})
 
     def alive(self, node_name: str) -> bool:
-        """A node that still exists and is not lost: the shards on it survive."""
+        """A node whose shards are live: it exists and is ready or draining (see :func:`broken_reason`)."""
         node = self.nodes.get(node_name)
-        return node is not None and node.state != "lost"
+        return node is not None and node.state in LIVE_NODE_STATES
 
     def survivors(self, replica: Replica) -> Tuple[Shard, ...]:
         return tuple(s for s in replica.shards if self.alive(s.node))
 
+    def broken_reason(self, replica: Replica) -> Optional[str]:
+        """Why ``replica`` is not whole, or None: the one definition (:func:`broken_reason`)."""
+        return broken_reason(replica.shard_count, [(s.rank, s.node) for s in replica.shards],
+                             {name: node.state for name, node in self.nodes.items()}, replica.state)
+
     def is_broken(self, replica: Replica) -> bool:
-        """A replica that holds some shards but not all of them (a node lost, or a shard gone missing)."""
-        if not replica.shards:
-            return False
-        return len(self.survivors(replica)) < replica.shard_count
+        return self.broken_reason(replica) is not None
 
     def broken_replicas(self) -> List[Replica]:
         return [r for r in self.replicas.values() if self.is_broken(r)]
@@ -402,6 +446,7 @@ def _items(fleet: Fleet, requests: Sequence[Request], repairs: Sequence[str]) ->
             avoid=frozenset(replica.avoid_nodes), gpu_type=replica.gpu_type, repair=True, kept=survivors,
             own_fabric=fleet.own_fabric(replica),
             missing=tuple(r for r in range(replica.shard_count) if r not in present),
+            held_shards=bool(replica.shards),
         ))
         seen.add(name)
     for request in requests:
@@ -444,8 +489,9 @@ def plan(fleet: Fleet, requests: Sequence[Request] = (), repairs: Optional[Seque
     items = _items(fleet, requests, sorted(repairs))
     strategy = strategy or _strategy_for(fleet)
     space = Space(fleet, items, symmetry=strategy == "exact")
+    bound = None
     if strategy == "exact":
-        choice, exact, expansions = search.exact(space, items, budget)
+        choice, exact, expansions, bound = search.exact(space, items, budget)
     elif strategy == "heuristic":
         choice, exact, expansions = search.heuristic(space, items), False, 0
     elif strategy == "greedy":
@@ -454,11 +500,21 @@ def plan(fleet: Fleet, requests: Sequence[Request] = (), repairs: Optional[Seque
         choice, exact, expansions = search.sequential(space, items, space.first_fit_option), False, 0
     else:
         raise InvalidRequest("unknown strategy %r" % strategy)
+    reached = search.value(items, choice)
+    if bound is None:
+        bound = search.upper_bound(space, items) if items else reached
+    if exact and bound != reached:
+        raise InvariantViolation("an answer marked exact below its own bound")
     by_name = _materialize(fleet, items, choice, space)
     order = list(sorted(repairs)) + [r.name for r in requests]
     decisions = tuple(by_name[name] for name in order)
     _verify(fleet, decisions, {item.name: item for item in items})
-    return Plan(decisions=decisions, strategy=strategy, exact=exact, expansions=expansions)
+    return Plan(decisions=decisions, strategy=strategy, exact=exact, expansions=expansions,
+                value=_value_dict(reached), bound=_value_dict(bound))
+
+
+def _value_dict(value: Sequence[int]) -> Dict[str, int]:
+    return {"repairs": value[0], "placed": value[1], "moved": -value[2]}
 
 
 def place(fleet: Fleet, request: Request) -> Decision:
@@ -467,7 +523,9 @@ def place(fleet: Fleet, request: Request) -> Decision:
 
 
 def repair(fleet: Fleet, replica_name: str) -> Decision:
-    """Repair one replica: ``keep`` if whole, ``repair`` in place, ``move`` to another fabric, or ``fail``."""
+    """Repair one replica: ``keep`` if whole (:func:`broken_reason`), else ``repair`` in place when its own
+    fabric can hold it again, else ``move`` it whole (``place`` for one that holds no shards at all), or
+    ``fail`` it with the reason. One replica alone: fewest shards moved, then the room rule."""
     replica = fleet.replicas.get(replica_name)
     if replica is None:
         raise InvalidRequest("replica %s is not in the fleet" % replica_name)
@@ -485,21 +543,54 @@ def first_fit_decreasing(fleet: Fleet, requests: Sequence[Request] = (),
 
 
 def _materialize(fleet: Fleet, items: Sequence[Item], choice: Sequence, space: Space) -> Dict[str, Decision]:
-    """Turn the chosen options into shards with GPU ids, walking the items in solve order (on ``space`` as the
-    search left it, which is the state before any item)."""
+    """Turn the chosen options into shards with GPU ids (on ``space`` as the search left it, which is the state
+    before any item). Every repair that does not stay gives its GPUs back first: any item of the batch may use
+    them, whatever its place in the solve order."""
     free_ids = _CopyOnTouch(fleet.free_ids)
     placed_count = sum(1 for option in choice if option.mode != "skip")
-    decisions: Dict[str, Decision] = {}
+    released = set()
     for item, option in zip(items, choice):
-        if option.mode in ("move", "skip"):
+        if item.repair and option.mode in ("move", "skip"):
             for shard in item.kept:
                 free_ids[shard.node] = sorted(free_ids[shard.node] + list(shard.gpus))
+            space.release(item)
+            released.add(item.name)
+    holders: Dict[str, List[str]] = {}
+    for replica in fleet.replicas.values():
+        if replica.name in released or replica.gpus_per_shard == 0:
+            continue
+        for shard in replica.shards:
+            holders.setdefault(shard.node, []).append(replica.name)
+    # Refused items are judged on the fleet before the batch takes anything: one that fits there was crowded out
+    # by the batch (named below); one that does not gets what would make it fit.
+    decisions: Dict[str, Decision] = {}
+    crowded = []
+    for item, option in zip(items, choice):
         if option.mode == "skip":
-            decisions[item.name] = _refusal(space, item, placed_count, len(items))
-        else:
+            if space.has_option(item):
+                crowded.append(item)
+            else:
+                decisions[item.name] = _refusal(space, item, report.fixes(space, item, holders))
+    for item, option in zip(items, choice):
+        if option.mode != "skip":
             decisions[item.name] = _placement(item, option, free_ids, space)
-        space.apply(item, option)
+            space.take(item, option)
+    for item in crowded:
+        by = sorted(d.replica for d in decisions.values() if d.placed and d.replica != item.name
+                    and any(_could_use(space, item, s.node) for s in d.new_shards))
+        fix = {"kind": "crowded_out", "replicas": by,
+               "text": "crowded out by %s in this batch" % (", ".join(by) or "the rest")}
+        reason = report.crowded_out_reason(item, placed_count, len(items), by)
+        decisions[item.name] = _refusal(space, item, (fix,), reason)
     return decisions
+
+
+def _could_use(space: Space, item: Item, node: str) -> bool:
+    """Whether ``item`` could have had a shard on ``node`` (its constraints, not its free GPUs)."""
+    return (node in space.ready and node not in item.avoid and node not in item.kept_nodes
+            and (item.gpu_type is None or space.gpu_type[node] == item.gpu_type)
+            and (item.fabric is None or space.fabric[node] == item.fabric)
+            and space.total[node] >= item.gpus)
 
 
 class _CopyOnTouch(dict):
@@ -527,22 +618,20 @@ def _placement(item: Item, option, free_ids: Dict[str, List[int]], space: Space)
         shards = tuple(sorted(kept + new, key=lambda s: s.rank))
         return Placement(item.name, "repair", option.fabric, shards, new_shards=new, kept_shards=kept)
     new = tuple(Shard(rank, node, _take(free_ids, node, item.gpus)) for rank, node in enumerate(nodes))
-    action = "move" if item.repair else "place"
+    action = "move" if item.repair and item.held_shards else "place"
     reaped = tuple(sorted(item.kept, key=lambda s: s.rank)) if item.repair else ()
     fabric = space.fabric_of(nodes[0])
     return Placement(item.name, action, fabric, new, new_shards=new, reaped_shards=reaped)
 
 
-def _refusal(space: Space, item: Item, placed_count: int, item_count: int) -> Refusal:
+def _refusal(space: Space, item: Item, fixes: Sequence[Mapping[str, object]], reason: Optional[str] = None) -> Refusal:
     reaped = tuple(sorted(item.kept, key=lambda s: s.rank)) if item.repair else ()
     capacity = report.capacity(space, item)
-    if space.has_option(item):
-        reason = report.crowded_out_reason(item, placed_count, item_count)
-    else:
-        reason = report.refusal_reason(space, item, capacity)
+    if reason is None:
+        reason = report.refusal_reason(space, item, capacity) + report.fixes_words(fixes)
     needs = {"shards": item.shards, "gpus_per_shard": item.gpus, "gpus": item.shards * item.gpus}
     return Refusal(replica=item.name, action="fail" if item.repair else "refuse", reason=reason, needs=needs,
-                   capacity=capacity, reaped_shards=reaped)
+                   capacity=capacity, reaped_shards=reaped, fixes=tuple(fixes))
 
 
 def _verify(fleet: Fleet, decisions: Sequence[Decision], items: Mapping[str, Item]) -> None:

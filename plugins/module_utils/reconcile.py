@@ -10,8 +10,8 @@ shard units run there. From them:
 - a shard unit on a reachable node that the registry does not place there (a replica moved away while the node was
   lost or partitioned, one removed while it was unreachable) is stale: stopped and its unit file removed, before
   anything is launched;
-- a replica with a shard on a lost node is failed and goes to the solver (repair in place, move, or fail), its
-  surviving shards reaped;
+- a replica with a shard on a node that is not live (lost, pending or gone: ``placement.broken_reason``) is failed
+  and goes to the solver (repair in place, move, or fail), its surviving shards reaped;
 - a replica recorded ``ready`` whose nodes were all reached but which runs fewer shards than its shard count is
   failed too ("adoption": a crash, a reboot, a controller that lost track) and relaunched whole on its
   placement, its surviving shards stopped first. It is never left ``ready`` with a shard missing -- the bug where
@@ -26,6 +26,8 @@ import datetime
 import re
 from typing import Dict, List, Mapping, Optional, Sequence
 
+from ansible_collections.llmgw.fleet.plugins.module_utils import placement
+from ansible_collections.llmgw.fleet.plugins.module_utils.placement import LIVE_NODE_STATES
 from ansible_collections.llmgw.fleet.plugins.module_utils.replica_plan import UNIT_PREFIX, unit_name
 
 DEFAULT_LOST_AFTER = 60
@@ -108,10 +110,14 @@ def replica_verdicts(replicas: Sequence[Mapping], node_states: Mapping[str, str]
         shards = replica.get("shards") or []
         if not shards:
             continue
-        lost = sorted({s["node"] for s in shards if node_states.get(s["node"], "lost") == "lost"})
+        # A shard on a node that is not live (placement.broken_reason, the one definition): lost, pending, gone.
+        lost = sorted({s["node"] for s in shards if node_states.get(s["node"]) not in LIVE_NODE_STATES})
         if lost:
-            out.append({"name": replica["name"], "kind": "lost",
-                        "reason": "lost node%s %s" % ("s" if len(lost) > 1 else "", ", ".join(lost))})
+            states = sorted({node_states.get(n, "gone") for n in lost})
+            reason = ("lost node%s %s" % ("s" if len(lost) > 1 else "", ", ".join(lost)) if states == ["lost"]
+                      else placement.broken_reason(replica["shard_count"], [(s["rank"], s["node"]) for s in shards],
+                                                   node_states, replica.get("state")))
+            out.append({"name": replica["name"], "kind": "lost", "reason": reason})
             continue
         if replica.get("state") != "ready":
             continue

@@ -69,7 +69,7 @@ def test_seed_scenario_replica_fails_when_no_fabric_can_hold_it():
     assert "node02 lost" in decision.reason
     assert "ib-b has 0 of the 2 nodes it needs" in decision.reason
     assert decision.capacity["ib-b"]["free_gpus"] == 0
-    assert decision.capacity["ib-a"]["free_by_node"] == {"node01": 4}
+    assert decision.capacity["ib-a"]["free_by_node"] == {"node01": 8}, "as the failure leaves it: its shard reaped"
 
 
 def test_survivors_stay_when_their_fabric_has_a_spare_node():

@@ -76,8 +76,9 @@ def test_single_placement_keeps_every_invariant(case):
 @SETTINGS
 @given(fleets(max_nodes=4))
 def test_repair_follows_the_rule(fleet):
-    """Survivors stay only if their own fabric can hold the whole replica; else the whole replica moves to a
-    fabric that can; else it fails. Checked against a count of what each fabric could take."""
+    """One replica alone: survivors stay only if their own fabric can hold the whole replica; else the whole
+    replica goes to a fabric that can (never onto a survivor's node); else it fails. Checked against a count of
+    what each fabric could take."""
     for replica in fleet.broken_replicas():
         decision = repair(fleet, replica.name)
         check_invariants(fleet, [decision], {replica.name: replica.as_request()})
@@ -85,18 +86,22 @@ def test_repair_follows_the_rule(fleet):
         own = own_fabric(fleet, replica)
         missing = replica.shard_count - len(alive)
         spare = _fitting(fleet, replica, own, exclude={s.node for s in alive})
-        if own is not None and spare >= missing:
+        if alive and spare >= missing and replica.fabric in (None, own):
             assert decision.action == "repair" and decision.moved_shards == missing
         else:
-            others = [f for f in fleet.fabrics if f != own and _fitting(fleet, replica, f) >= replica.shard_count]
-            assert decision.action == ("move" if others else "fail"), (decision, others)
+            others = [f for f in fleet.fabrics if replica.fabric in (None, f)
+                      and _fitting(fleet, replica, f, exclude={s.node for s in alive}) >= replica.shard_count]
+            whole = "move" if replica.shards else "place"
+            assert decision.action == (whole if others else "fail"), (decision, others)
             if decision.placed:
-                assert decision.fabric in others and decision.moved_shards == replica.shard_count
+                assert decision.fabric in others
+                assert len(decision.new_shards) == replica.shard_count
 
 
 def _fitting(fleet, replica, fabric, exclude=()):
     return sum(1 for n in fleet.nodes.values()
                if n.fabric == fabric and n.state == "ready" and n.name not in exclude
+               and n.name not in replica.avoid_nodes and replica.gpu_type in (None, n.gpu_type)
                and len(fleet.free_ids[n.name]) >= replica.gpus_per_shard)
 
 

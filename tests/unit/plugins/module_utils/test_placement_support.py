@@ -51,7 +51,10 @@ def fleets(draw, max_fabrics=3, max_nodes=5, lost=True, existing=True):
         shards = replica.shards
         if len(shards) > 1 and draw(st.integers(0, 9)) == 0:
             shards = shards[1:]  # a shard the controller lost track of
-        replicas.append(Replica(replica.name, replica.shard_count, replica.gpus_per_shard, shards))
+        if draw(st.integers(0, 14)) == 0:
+            shards = ()  # failed and reaped down to nothing
+        state = draw(st.sampled_from(["ready"] * 6 + ["placing", "failed"])) if existing else "ready"
+        replicas.append(Replica(replica.name, replica.shard_count, replica.gpus_per_shard, shards, state=state))
     return Fleet([Node(n["name"], n["fabric"], n["gpus"], n["state"], n["gpu_type"]) for n in nodes], replicas)
 
 
@@ -72,8 +75,19 @@ def requests(draw, fleet=None, max_requests=4):
     return out
 
 
+LIVE = ("ready", "draining")
+
+
 def survivors(fleet, replica):
-    return [s for s in replica.shards if s.node in fleet.nodes and fleet.nodes[s.node].state != "lost"]
+    """Live shards, by docs/placement.md: on a node of the fleet that is ready or draining."""
+    return [s for s in replica.shards if s.node in fleet.nodes and fleet.nodes[s.node].state in LIVE]
+
+
+def is_whole(fleet, replica):
+    """docs/placement.md's definition, written again from the page: not failed, every shard on a ready or
+    draining node, and as many such shards as its shard count."""
+    return (replica.state != "failed" and len(survivors(fleet, replica)) == len(replica.shards)
+            and len(replica.shards) == replica.shard_count)
 
 
 def own_fabric(fleet, replica):
@@ -109,9 +123,11 @@ def check_invariants(fleet, decisions, requests_by_name):
                     sorted((s.rank, s.node, s.gpus) for s in alive), "a repair in place keeps every survivor"
                 assert decision.fabric == own_fabric(fleet, replica)
                 assert reaped == []
-            elif decision.placed and decision.action == "move":
-                assert decision.fabric != own_fabric(fleet, replica)
+            elif decision.placed and decision.action in ("move", "place"):
+                assert decision.action == ("move" if replica.shards else "place")
                 assert reaped == sorted((s.rank, s.node, s.gpus) for s in alive)
+                assert not {s.node for s in decision.shards} & {s.node for s in alive}, \
+                    "a move never lands where a reaped shard was"
             elif not decision.placed:
                 assert decision.action == "fail"
                 assert reaped == sorted((s.rank, s.node, s.gpus) for s in alive)
