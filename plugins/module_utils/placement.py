@@ -64,6 +64,7 @@ def broken_reason(shard_count: int, shards: Iterable[Tuple[int, str]], node_stat
         why.append("%d of its %d shards live" % (live, shard_count))
     return "; ".join(why) or None
 
+
 # The exact search takes fleets with at most this many ready nodes per fabric and in all; larger ones get the
 # heuristic (each search node costs time in proportion to the fleet, so the budget below buys less there).
 EXACT_MAX_FABRIC_NODES = 64
