@@ -64,7 +64,9 @@ options:
     type: path
     default: /etc/haproxy/llmgw/api-keys.map
   targets_path:
-    description: Where the Prometheus C(file_sd) targets file goes (JSON, mode 0644). Omitted, none is written.
+    description:
+      - Where the Prometheus C(file_sd) targets file goes (JSON, mode 0644, a new directory 0755). Omitted, none
+        is written.
     type: path
   gateway_target:
     description: The gateway's exporter as Prometheus reaches it, C(host:port), in the targets file.
@@ -281,11 +283,11 @@ def mode_of(path):
         return None
 
 
-def write(module, path, content, mode, validate=None):
+def write(module, path, content, mode, validate=None, dir_mode=0o750):
     """Atomically: a temporary file beside the target, validated, then renamed over it."""
     directory = os.path.dirname(path)
     if not os.path.isdir(directory):
-        os.makedirs(directory, mode=0o750)
+        os.makedirs(directory, mode=dir_mode)
     fd, tmp = tempfile.mkstemp(prefix=".%s." % os.path.basename(path), dir=directory)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
@@ -379,7 +381,7 @@ def main():
         if config_changed:
             write(module, p["config_path"], config_text, 0o640, p["validate"])
         if targets_changed:
-            write(module, p["targets_path"], targets_text, 0o644)
+            write(module, p["targets_path"], targets_text, 0o644, dir_mode=0o755)
 
     result = dict(changed=keys_changed or config_changed or targets_changed, config_changed=config_changed,
                   keys_changed=keys_changed, targets_changed=targets_changed, key_names=key_names,
