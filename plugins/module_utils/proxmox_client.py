@@ -447,8 +447,9 @@ class ProxmoxClient:
         return self._write("configure %s" % vmid,
                            lambda: self._run_task(self.post(self._vm_path(node, vmid, "config"), **body), timeout))
 
-    def _power(self, node, vmid, action, timeout, **params):
+    def _power(self, node, vmid, action, timeout, params=None):
         path = self._vm_path(node, vmid, "status", action)
+        params = params or {}
         return self._write("%s %s" % (action, vmid), lambda: self._run_task(self.post(path, **params), timeout))
 
     def start_vm(self, node, vmid, timeout):
@@ -459,7 +460,7 @@ class ProxmoxClient:
 
     def shutdown_vm(self, node, vmid, timeout, grace):
         """ACPI shutdown; after ``grace`` seconds PVE stops the VM hard (``forceStop``)."""
-        return self._power(node, vmid, "shutdown", timeout, timeout=int(grace), forceStop=1)
+        return self._power(node, vmid, "shutdown", timeout, {"timeout": int(grace), "forceStop": 1})
 
     def reboot_vm(self, node, vmid, timeout):
         return self._power(node, vmid, "reboot", timeout)

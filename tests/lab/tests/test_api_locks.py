@@ -2,13 +2,15 @@
 
 import pytest
 from proxmoxer import ResourceException
+from test_api_clone_locks import wait_for_config
 
 
 def test_the_new_vm_is_locked_while_the_clone_runs(api, node, conn, vms, faults, tasks):
     faults.set(task_delay=3)
     newid = vms.track(vms.free_id())
     upid = node.qemu(conn["template_vmid"]).clone.post(newid=newid, name="locked")
-    assert node.qemu(newid).config.get()["lock"] == "clone"
+    # the worker writes the temporary config once it holds its locks (test_api_clone_locks.py)
+    assert wait_for_config(node, newid)["lock"] == "clone"
     assert node.qemu(newid).status.current.get()["lock"] == "clone"
     with pytest.raises(ResourceException) as caught:
         node.qemu(newid).config.put(description="too early")

@@ -5,7 +5,9 @@
 - `POST /lab/faults` (JSON), any of:
   `{"fail_next_task": "text"}` or `{"fail_next_task": {"message": "text", "type": "qmstart", "vmid": 101}}`,
   `{"fail_requests": N, "status": 503, "message": "text", "path": "/nodes/pve/qemu/123"}`, `{"task_delay": 2.5}`,
-  `{"lock": {"vmid": 101, "lock": "backup"}}` (a `lock` of null removes the VM's lock).
+  `{"lock": {"vmid": 101, "lock": "backup"}}` (a `lock` of null removes the VM's lock),
+  `{"hold_config_lock": {"vmid": 101, "seconds": 3}}` (holds the VM's config file lock exclusively for that long,
+  as a long `qm set`, a clone of the running VM or a migration would; answers once the lock is held).
 - `DELETE /lab/faults`: switches every fault off (VM locks stay until removed, as they would on PVE); with a
   JSON body only what it names: `{"fail_next_task": "text", "fail_requests": true, "task_delay": true}` (the lab
   may serve several clients at once, each cleaning up its own faults).
@@ -15,6 +17,8 @@ from __future__ import annotations
 
 import json
 import os
+import threading
+import time
 from typing import Dict, Tuple
 
 from pve_lab.api.app import App
@@ -50,6 +54,8 @@ def handle(app: App, method: str, path: str, body: bytes) -> Answer:
             raise FaultError("the body is a JSON object")
         if "lock" in payload:
             _set_lock(app, payload["lock"])
+        if "hold_config_lock" in payload:
+            _hold_config_lock(app, payload["hold_config_lock"])
         app.faults.update(payload)
     except (ValueError, FaultError) as err:
         return 400, {"message": str(err)}
@@ -70,3 +76,19 @@ def _set_lock(app: App, spec: object) -> None:
             vm.config.pop("lock", None)
         else:
             vm.config["lock"] = lock
+
+
+def _hold_config_lock(app: App, spec: object) -> None:
+    if not isinstance(spec, dict) or not isinstance(spec.get("vmid"), int) \
+            or not isinstance(spec.get("seconds"), (int, float)) or not 0 < spec["seconds"] <= 600:
+        raise FaultError("hold_config_lock is {vmid, seconds} with 0 < seconds <= 600")
+    held = threading.Event()
+
+    def hold() -> None:
+        with app.config_locks.hold(int(spec["vmid"]), timeout=600):
+            held.set()
+            time.sleep(float(spec["seconds"]))
+
+    threading.Thread(target=hold, name="lab-hold-lock", daemon=True).start()
+    if not held.wait(600):
+        raise FaultError("the config lock of VM %s could not be taken" % spec["vmid"])

@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import threading
+import time
 import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Dict, Iterator, List, Optional
@@ -104,20 +105,66 @@ class LabState:
             self.save()
 
 
-class ConfigLocks:
-    """The per-VM file lock qemu-server takes around every config change (lock_config, 10 s timeout)."""
+class _SharedLock:
+    """flock(2) semantics: any number of shared holders, or one exclusive holder."""
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._shared = 0
+        self._exclusive = False
+
+    def acquire(self, shared: bool, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self._exclusive or (not shared and self._shared):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(left)
+            if shared:
+                self._shared += 1
+            else:
+                self._exclusive = True
+            return True
+
+    def release(self, shared: bool) -> None:
+        with self._cond:
+            if shared:
+                self._shared -= 1
+            else:
+                self._exclusive = False
+            self._cond.notify_all()
+
+
+class FileLocks:
+    """The lock files qemu-server and pve-storage take, by path (pve-common PVE::Tools::lock_file_full: flock,
+    shared or exclusive, 10 s when no timeout is given; on timeout the caller dies with
+    "can't lock file '<path>' - got timeout")."""
 
     def __init__(self):
         self._guard = threading.Lock()
-        self._locks: Dict[int, threading.Lock] = {}
+        self._locks: Dict[str, _SharedLock] = {}
 
     @contextlib.contextmanager
-    def hold(self, vmid: int, timeout: float = 10.0) -> Iterator[None]:
+    def hold(self, path: str, timeout: float = 10.0, shared: bool = False) -> Iterator[None]:
         with self._guard:
-            lock = self._locks.setdefault(vmid, threading.Lock())
-        if not lock.acquire(timeout=timeout):
-            raise fail("can't lock file '/var/lock/qemu-server/lock-%d.conf' - got timeout" % vmid)
+            lock = self._locks.setdefault(path, _SharedLock())
+        if not lock.acquire(shared, timeout):
+            raise fail("can't lock file '%s' - got timeout" % path)
         try:
             yield
         finally:
-            lock.release()
+            lock.release(shared)
+
+
+def config_lock_path(vmid: int) -> str:
+    return "/var/lock/qemu-server/lock-%d.conf" % vmid
+
+
+class ConfigLocks(FileLocks):
+    """The per-VM config file lock (PVE::AbstractConfig::lock_config: exclusive, 10 s; lock_config_shared)."""
+
+    @contextlib.contextmanager
+    def hold(self, vmid: int, timeout: float = 10.0, shared: bool = False) -> Iterator[None]:  # type: ignore[override]
+        with super().hold(config_lock_path(vmid), timeout, shared):
+            yield

@@ -67,6 +67,7 @@ class TaskContext:
         self._registry = registry
         self.warnings = 0
         self.cancelled = threading.Event()
+        self.vmid: Optional[int] = None
 
     def log(self, line: str) -> None:
         self._registry.append_log(self.task, line)
@@ -74,6 +75,17 @@ class TaskContext:
     def warn(self, line: str) -> None:
         self.warnings += 1
         self.log("WARN: " + line)
+
+    def fault_point(self) -> None:
+        """Where the task's faults strike: the task delay, then an injected failure. Before the work, unless the
+        worker places this itself (`spawn(..., faults_inside=True)`): a clone's faults strike during its disk copy,
+        with its locks held and its temporary config written."""
+        faults = self._registry.faults
+        if faults.task_delay and self.cancelled.wait(faults.task_delay):
+            raise TaskError("interrupted by signal")
+        injected = faults.take_task_failure(self.task.type, self.vmid)
+        if injected is not None:
+            raise TaskError(injected)
 
 
 Work = Callable[[TaskContext], None]
@@ -114,7 +126,7 @@ class TaskRegistry:
             task.log.extend(line.rstrip("\n").split("\n"))
 
     def spawn(self, task_type: str, task_id: str, user: str, work: Work, vmid: Optional[int] = None,
-              on_error: Optional[OnError] = None) -> str:
+              on_error: Optional[OnError] = None, faults_inside: bool = False) -> str:
         """Start `work` as a task and return its UPID; `on_error` cleans up and gives the final error text."""
         with self._lock:
             self._seq += 1
@@ -125,21 +137,19 @@ class TaskRegistry:
             task = Task(upid, self.node, pid, pstart, starttime, task_type, task_id, user)
             self._tasks[upid] = task
             ctx = TaskContext(task, self)
+            ctx.vmid = vmid
             self._contexts[upid] = ctx
             self._save()
-        thread = threading.Thread(target=self._run, args=(ctx, work, vmid, on_error), name="task-" + task_type,
+        thread = threading.Thread(target=self._run, args=(ctx, work, on_error, faults_inside), name="task-" + task_type,
                                   daemon=True)
         thread.start()
         return upid
 
-    def _run(self, ctx: TaskContext, work: Work, vmid: Optional[int], on_error: Optional[OnError]) -> None:
+    def _run(self, ctx: TaskContext, work: Work, on_error: Optional[OnError], faults_inside: bool) -> None:
         task = ctx.task
         try:
-            if self.faults.task_delay and ctx.cancelled.wait(self.faults.task_delay):
-                raise TaskError("interrupted by signal")
-            injected = self.faults.take_task_failure(task.type, vmid)
-            if injected is not None:
-                raise TaskError(injected)
+            if not faults_inside:
+                ctx.fault_point()
             work(ctx)
         except Exception as err:  # every failure of a worker ends its task, as fork_worker does
             message = err.message if isinstance(err, ApiError) else str(err)

@@ -143,35 +143,53 @@ def _clone_config(app: App, p: Dict[str, object], source: VM, full: bool, ctx: T
     return conf
 
 
+# clone_vm's locks (qemu-server PVE/API2/Qemu.pm, clone_vm): the worker takes the source's config lock, shared
+# when the source is not running (a template never is) and exclusive when it is, then the new VMID's lock,
+# exclusive; both with lock_config_full's timeout of 1 s, held for the whole clone. Clones of one stopped template
+# therefore run side by side; a clone of a VM whose config lock another operation holds ends in TASK ERROR
+# "can't lock file '/var/lock/qemu-server/lock-<vmid>.conf' - got timeout" after 1 s, with nothing created.
+# Disk allocation serialises per storage in pve-storage (cluster_lock_storage, around alloc_image/clone_image
+# only); here the state lock around _clone_config does that.
+CLONE_LOCK_TIMEOUT = 1.0
+
+
 def clone_vm(app: App, p: Dict[str, object], req: Request) -> object:
     vmid, newid = p["vmid"], p["newid"]
-    with app.state.change():
+    with app.state.lock:
         source = app.find(vmid)
         if source is None:
             raise fail("unable to find configuration file for VM %d on node '%s'" % (vmid, app.node))
-        full = _check_clone(app, p, source)
-        # qmclone's temporary config: the new VM exists, locked, from the moment the clone starts
-        app.state.vms[newid] = VM(newid, {"lock": "clone"}, has_os=source.has_os)
+        _check_clone(app, p, source)  # load_and_check before forking, again inside the locks
+        running = source.status == "running"
+    created = []
 
     def work(ctx: TaskContext) -> None:
-        ctx.log("create %s clone of VM %d with ID %d" % ("full" if full else "linked", vmid, newid))
-        with app.config_locks.hold(newid):
+        with app.config_locks.hold(vmid, CLONE_LOCK_TIMEOUT, shared=not running), \
+                app.config_locks.hold(newid, CLONE_LOCK_TIMEOUT):
             with app.state.change():
                 source_now = app.find(vmid)
                 if source_now is None:
                     raise TaskError("Configuration file 'nodes/%s/qemu-server/%d.conf' does not exist"
                                     % (app.node, vmid))
+                full = _check_clone(app, p, source_now)
+                ctx.log("create %s clone of VM %d with ID %d" % ("full" if full else "linked", vmid, newid))
+                # qmclone's temporary config: the new VM exists, locked, from here until the clone ends
+                app.state.vms[newid] = VM(newid, {"lock": "clone"}, has_os=source_now.has_os)
+                created.append(newid)
                 if source_now.pending:
                     ctx.warn("found pending changes for '%s', discarding for clone" % ",".join(source_now.pending))
                 app.state.vms[newid].config = _clone_config(app, p, source_now, full, ctx)
+            ctx.fault_point()  # the disk copy
             with app.state.change():
                 app.state.vms[newid].config.pop("lock", None)
 
     def on_error(message: str) -> str:
+        if not created:  # refused before the temporary config: nothing to remove, the error as it was raised
+            return message
         _remove(app, newid)
         return "clone failed: %s" % message
 
-    return app.tasks.spawn("qmclone", str(vmid), req.user, work, vmid=newid, on_error=on_error)
+    return app.tasks.spawn("qmclone", str(vmid), req.user, work, vmid=newid, on_error=on_error, faults_inside=True)
 
 
 def destroy_vm(app: App, p: Dict[str, object], req: Request) -> object:

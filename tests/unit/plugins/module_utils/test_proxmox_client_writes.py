@@ -131,8 +131,6 @@ def test_a_slot_that_never_comes_free_times_out_naming_the_cap(tmp_path):
     held = WriteSlots(str(tmp_path), 1)
     clock = iter(range(0, 10000, 100)).__next__
     waiting = WriteSlots(str(tmp_path), 1, sleep=lambda s: None, clock=clock, wait=300)
-    with held.hold("first"):
-        with pytest.raises(errors.Timeout) as caught:
-            with waiting.hold("clone 9000 to 1101"):
-                pass
+    with held.hold("first"), pytest.raises(errors.Timeout) as caught, waiting.hold("clone 9000 to 1101"):
+        pass
     assert "clone 9000 to 1101" in str(caught.value) and "1 writes at once" in str(caught.value)
