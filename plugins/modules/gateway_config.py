@@ -165,7 +165,7 @@ options:
     type: int
     default: 10
 notes:
-  - HAProxy 2.6 (Debian 12) or later: C(json_query), C(sha2) and C(http-request return).
+  - Needs HAProxy 2.6 (Debian 12) or later, for C(json_query), C(sha2) and C(http-request return).
 seealso:
   - module: llmgw.fleet.fleet_info
   - module: llmgw.fleet.fleet_replica
@@ -236,12 +236,10 @@ backends:
   returned: always
   type: dict
 excluded:
-  description: Replicas left out of every backend, each with C(replica), C(model) and C(why).
+  description: Replicas left out of every backend, each with C(replica), C(model) and C(why) (for example C(state starting, not ready)).
   returned: always
   type: list
   elements: dict
-  sample:
-    - {replica: coder-b, model: qwen2.5-coder-7b, why: "state starting, not ready"}
 key_names:
   description: The names of the API keys (never the keys).
   returned: always
