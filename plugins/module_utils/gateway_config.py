@@ -58,8 +58,7 @@ class GatewayConfigError(ValueError):
 
     def __init__(self, field: str, value, problem: str, fix: str):
         self.field, self.value, self.problem, self.fix = field, value, problem, fix
-        super().__init__("%s=%s: %s; %s" % (field, json.dumps(value) if not isinstance(value, str) else
-                                            json.dumps(value), problem, fix))
+        super().__init__("%s=%s: %s; %s" % (field, json.dumps(value), problem, fix))
 
 
 # -- checks ---------------------------------------------------------------------------------------------------
@@ -195,8 +194,7 @@ def servable(replica: Mapping, fleet: placement.Fleet, nodes: Mapping[str, Mappi
     if solver_replica is None or not replica.get("shards"):
         return "holds no shards"
     if fleet.is_broken(solver_replica):
-        return "broken: %d of its %d shards survive" % (len(fleet.survivors(solver_replica)),
-                                                      solver_replica.shard_count)
+        return "broken: %s" % fleet.broken_reason(solver_replica)
     if len(replica["shards"]) < replica["shard_count"]:
         return "holds %d of its %d shards" % (len(replica["shards"]), replica["shard_count"])
     draining = sorted(s["node"] for s in replica["shards"] if (nodes.get(s["node"]) or {}).get("state") == "draining")

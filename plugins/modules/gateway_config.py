@@ -236,7 +236,9 @@ backends:
   returned: always
   type: dict
 excluded:
-  description: Replicas left out of every backend, each with C(replica), C(model) and C(why) (for example C(state starting, not ready)).
+  description:
+    - Replicas left out of every backend, each with C(replica), C(model) and C(why) (for example C(state starting,
+      not ready)).
   returned: always
   type: list
   elements: dict

@@ -50,7 +50,8 @@ def test_a_ready_replica_with_a_shard_on_a_lost_node_is_broken_and_not_a_server(
     routes = gc.read_routes(registry)
     assert routes.served == {}
     assert routes.unavailable == ("coder",)
-    assert routes.excluded[0]["why"] == "broken: 1 of its 2 shards survive"
+    # The solver's one definition of broken, in its own words.
+    assert routes.excluded[0]["why"] == "broken: shard not live: rank 0 on node01 (lost); 1 of its 2 shards live"
     config = gc.render(routes, gc.Settings())
     assert "backend model_coder" not in config and "10.77.0.11" not in config
     assert "if { var(txn.model) -m str coder }" in config  # a 503 with Retry-After, not a 404
