@@ -161,10 +161,13 @@ def config_lock_path(vmid: int) -> str:
     return "/var/lock/qemu-server/lock-%d.conf" % vmid
 
 
-class ConfigLocks(FileLocks):
+class ConfigLocks:
     """The per-VM config file lock (PVE::AbstractConfig::lock_config: exclusive, 10 s; lock_config_shared)."""
 
+    def __init__(self):
+        self._files = FileLocks()
+
     @contextlib.contextmanager
-    def hold(self, vmid: int, timeout: float = 10.0, shared: bool = False) -> Iterator[None]:  # type: ignore[override]
-        with super().hold(config_lock_path(vmid), timeout, shared):
+    def hold(self, vmid: int, timeout: float = 10.0, shared: bool = False) -> Iterator[None]:
+        with self._files.hold(config_lock_path(vmid), timeout, shared):
             yield

@@ -51,7 +51,7 @@ def client_for(api, slept):
 def test_a_clone_refused_on_a_lock_is_tried_again_with_backoff_then_succeeds():
     api, slept = FakeApi([LOCK_ERROR, LOCK_ERROR, "OK"]), []
     assert client_for(api, slept).clone_vm("pve", 9000, 1101, "node01", timeout=10) == "OK"
-    assert len(api.posts) == 3 and all(params["newid"] == 1101 for _, params in api.posts)
+    assert len(api.posts) == 3 and all(post[1]["newid"] == 1101 for post in api.posts)
     assert [s for s in slept if s >= 1] == list(LOCK_RETRY_DELAYS[:2])
 
 
@@ -111,17 +111,17 @@ def _hold_a_slot(directory, count, log, start):
 
 def test_no_more_than_the_cap_of_writes_run_at_once_across_processes(tmp_path):
     log, start = multiprocessing.Queue(), multiprocessing.Event()
-    procs = [multiprocessing.Process(target=_hold_a_slot, args=(str(tmp_path), 2, log, start)) for _ in range(6)]
+    procs = [multiprocessing.Process(target=_hold_a_slot, args=(str(tmp_path), 2, log, start)) for index in range(6)]
     for proc in procs:
         proc.start()
     start.set()
     for proc in procs:
         proc.join(30)
         assert proc.exitcode == 0
-    events = sorted((log.get(timeout=5) for _ in range(12)), key=lambda e: e[1])
+    events = sorted((log.get(timeout=5) for index in range(12)), key=lambda e: e[1])
     running = peak = 0
-    for kind, _ in events:
-        running += 1 if kind == "in" else -1
+    for event in events:
+        running += 1 if event[0] == "in" else -1
         peak = max(peak, running)
     assert peak == 2  # six writes, never more than two at once, and the cap was reached
     assert sorted(os.listdir(str(tmp_path))) == ["slot-0.lock", "slot-1.lock"]
