@@ -2,9 +2,8 @@
 
 Runs what an operator runs, through the collection:
 
-    ansible-playbook -i inventories/lab llmgw.fleet.add_node -e node=node01 -e address=10.77.0.101/24 -e fabric=ib-a
-    ansible-playbook -i inventories/lab llmgw.fleet.add_node -e node=node02 -e address=10.77.0.102/24 -e fabric=ib-a
-    ansible-playbook -i inventories/lab llmgw.fleet.place_replica -e replica=gemma-a -e model=gemma3-270m
+    ansible-playbook -i inventories/lab llmgw.fleet.add_node         (node01 and node02 of its fleet group, at once)
+    ansible-playbook -i inventories/lab llmgw.fleet.place_replica    (gemma-a of its fleet_replicas)
     curl http://LEADER:PORT/v1/completions (one real completion from Gemma 3 270M, served by llama.cpp on a node)
     bin/fleet status
 
@@ -35,9 +34,8 @@ from ansible_collections.llmgw.fleet.plugins.module_utils.proxmox_client import 
 
 PY = sys.executable
 BIN = os.path.dirname(PY)
-NODES = [("node01", "10.77.0.101/24"), ("node02", "10.77.0.102/24")]
-FABRIC = "ib-a"
-REPLICA, MODEL = "gemma-a", "gemma3-270m"  # the model is declared in inventories/lab/group_vars/all.yml
+NODES = [("node01", "10.77.0.101/24"), ("node02", "10.77.0.102/24")]  # as inventories/lab/hosts.yml declares them
+REPLICA = "gemma-a"  # declared in inventories/lab/group_vars/all.yml (fleet_replicas), with its model
 PROMPT = "The three primary colors are"
 LAB_DIR = os.path.join(REPO, ".lab")
 FLEET_DIR = os.path.join(LAB_DIR, "fleet")  # where inventories/lab keeps the fleet's known_hosts, CA and registry
@@ -102,9 +100,10 @@ def playbook(name, **extra):
     return subprocess.run(argv, cwd=REPO, env=env(), check=False).returncode
 
 
-def add_node(name, address):
-    # The lab inventory installs the engine lab_engine() built (its archive and sha256 are in lab.json).
-    return playbook("add_node", node=name, address=address, fabric=FABRIC)
+def add_nodes():
+    # Every node of the lab inventory's fleet group, side by side, in one run; the lab inventory installs the
+    # engine lab_engine() built (its archive and sha256 are in lab.json).
+    return playbook("add_node")
 
 
 def ask(replica):
@@ -157,17 +156,18 @@ def main():
     try:
         lab_engine()
         real_model()
-        for name, address in NODES:
+        for name, _address in NODES:
             if vm_named(api, name) is None:
                 created.append(name)
             else:
                 print("%s already exists: the demo uses it and will not remove it" % name, flush=True)
-            if add_node(name, address) != 0:
-                failed.append(name)
+        if add_nodes() != 0:
+            failed.append("add_node")
         if not failed:
             with fleet_registry.FleetRegistry(REGISTRY) as registry:
                 placed = registry.get_replica(REPLICA) is None
-            if playbook("place_replica", replica=REPLICA, model=MODEL) != 0:
+            # the replicas the lab inventory declares (fleet_replicas): gemma-a
+            if playbook("place_replica") != 0:
                 failed.append("place_replica " + REPLICA)
             else:
                 with fleet_registry.FleetRegistry(REGISTRY) as registry:

@@ -63,8 +63,14 @@ class PlaybookRun:
         return messages
 
 
-def run_playbook(playbook, extra_vars=None, check=False, diff=False, inventory="localhost,", env=None, cwd=REPO):
-    argv = [os.path.join(BIN, "ansible-playbook"), "-i", inventory, playbook]
+def run_playbook(playbook, extra_vars=None, check=False, diff=False, inventory="localhost,", env=None, cwd=REPO,
+                 extra_args=()):
+    """``inventory`` is one source or a list of them (``-i`` each)."""
+    inventories = [inventory] if isinstance(inventory, str) else list(inventory)
+    argv = [os.path.join(BIN, "ansible-playbook")]
+    for source in inventories:
+        argv += ["-i", source]
+    argv += [playbook] + list(extra_args)
     if extra_vars:
         argv += ["-e", json.dumps(extra_vars)]
     if check:

@@ -179,7 +179,8 @@ def fleet(tmp_path_factory):
 
 def test_check_mode_prints_the_placement_and_records_nothing(fleet):
     run = ok(fleet.play("place_replica.yml", check=True, replica="coder-a", model="sim-coder", fabric="ib-a"))
-    (shown,) = run.results("Show the placement")
+    (shown,) = run.results("Show the placement")  # one item per replica of the run
+    (shown,) = shown["results"]
     assert shown["msg"].split() == ["coder-a:", "place", "on", "ib-a:", "rp-node01,", "rp-node02"]
     assert fleet.replica("coder-a") is None
     assert fleet.ssh("rp-node01", "ls /etc/systemd/system/ | grep -c llmgw-shard || true").stdout.strip() == "0"
