@@ -328,6 +328,11 @@ class FleetRegistry:
             return [n for n in self._nodes()
                     if (fabric is None or n["fabric"] == fabric) and (state is None or n["state"] == state)]
 
+    def registered_at(self) -> Dict[str, str]:
+        """When each node was first recorded: reconcile's clock for a node not seen since."""
+        with self.snapshot_read():
+            return {r[0]: r[1] for r in self._conn.execute("SELECT name, created_at FROM nodes")}
+
     def put_node(self, name: str, **fields) -> Tuple[Optional[dict], dict]:
         """Create or update a node with the fields given (None leaves a field as it is). Returns (before,
         after). A state change without ``reasons`` clears the old reasons."""

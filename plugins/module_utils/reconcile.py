@@ -57,15 +57,19 @@ def node_verdicts(nodes: Sequence[Mapping], probes: Mapping[str, Mapping], now: 
         if probe.get("reachable"):
             verdicts[node["name"]] = {"verdict": "recovered" if lost_by_reconcile(node) else "seen"}
             continue
-        last = parse_time(node.get("last_seen"))
+        # A node registered but never seen yet is given node_lost_after from its registration, not declared lost at
+        # the first reconcile that cannot reach it.
+        since = node.get("last_seen") or node.get("registered_at")
+        last = parse_time(since)
         unseen_for = None if last is None else (now - last).total_seconds()
         if node["state"] == "lost":
             verdicts[node["name"]] = {"verdict": "unseen", "unseen_for": unseen_for}
             if host_key_changed(probe.get("error")):
                 verdicts[node["name"]]["reason"] = HOST_KEY_CHANGED
         elif unseen_for is None or unseen_for > lost_after:
+            seen = "last seen" if node.get("last_seen") else "never seen, registered"
             why = ("never seen" if unseen_for is None else
-                   "unseen for %.0f s (more than %s s; last seen %s)" % (unseen_for, lost_after, node["last_seen"]))
+                   "unseen for %.0f s (more than %s s; %s %s)" % (unseen_for, lost_after, seen, since))
             error = probe.get("error")
             verdicts[node["name"]] = {"verdict": "lost", "reason": why + (": %s" % error if error else "")}
         else:

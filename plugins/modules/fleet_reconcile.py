@@ -141,7 +141,9 @@ def _apply(registry, probes, lost_after, now):
     changed = False
     with registry.transaction():
         nodes = {n["name"]: n for n in registry.list_nodes()}
-        verdicts = reconcile.node_verdicts(list(nodes.values()), probes, now, lost_after)
+        registered = registry.registered_at()
+        verdicts = reconcile.node_verdicts([dict(n, registered_at=registered.get(name)) for name, n in nodes.items()],
+                                           probes, now, lost_after)
         for name, verdict in sorted(verdicts.items()):
             if verdict["verdict"] == "seen":
                 registry.put_node(name, last_seen=stamp)

@@ -31,6 +31,16 @@ def test_a_node_unseen_longer_than_lost_after_is_lost_and_a_recent_one_is_not():
     assert reconcile.node_verdicts(nodes, probes, NOW)["n2"]["verdict"] == "unseen"  # default 60 s
 
 
+def test_a_node_never_seen_gets_lost_after_from_its_registration():
+    fresh = dict(node("new", None), registered_at="2026-12-02T11:59:58Z")
+    old = dict(node("old", None), registered_at="2026-12-02T11:58:00Z")
+    probes = {"new": {"reachable": False, "error": "timed out"}, "old": {"reachable": False}}
+    verdicts = reconcile.node_verdicts([fresh, old], probes, NOW, lost_after=60)
+    assert verdicts["new"] == {"verdict": "unseen", "unseen_for": 2.0}  # brand new and briefly unreachable: not lost
+    assert verdicts["old"]["verdict"] == "lost"
+    assert verdicts["old"]["reason"] == "unseen for 120 s (more than 60 s; never seen, registered 2026-12-02T11:58:00Z)"
+
+
 def test_a_replica_on_a_lost_node_fails_whatever_its_state():
     found = reconcile.replica_verdicts([replica("a", ["n1", "n2"], state="starting")],
                                        {"n1": "ready", "n2": "lost"}, {})

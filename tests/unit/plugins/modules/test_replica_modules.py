@@ -123,3 +123,22 @@ def test_adoption_a_ready_replica_short_of_a_shard_is_failed_for_relaunch_never_
     with FleetRegistry(fleet_db) as registry:
         replica = registry.get_replica("coder-b")
     assert replica["state"] == "failed" and len(replica["shards"]) == 2
+
+
+def test_a_node_just_registered_and_briefly_unreachable_at_the_first_reconcile_stays_ready(tmp_path):
+    db = str(tmp_path / "fresh.db")
+    with FleetRegistry(db) as registry:  # as onboarding registers it: no last_seen yet
+        registry.put_node("node09", fabric="ib-a", gpu_count=8, state="ready", address="10.77.0.139")
+        registered = registry.registered_at()["node09"]
+    probe = [{"node": "node09", "reachable": False, "error": "Connection timed out"}]
+    first = run_task(tmp_path, db, "llmgw.fleet.fleet_reconcile",
+                     {"probes": probe, "node_lost_after": 60, "now": registered})
+    assert not first["changed"] and first["lost_nodes"] == [], first
+    assert first["nodes"]["node09"]["verdict"] == "unseen"
+    with FleetRegistry(db) as registry:
+        assert registry.get_node("node09")["state"] == "ready"
+    # never seen at all, node_lost_after after its registration: lost, and the reason says so
+    later = run_task(tmp_path, db, "llmgw.fleet.fleet_reconcile",
+                     {"probes": probe, "node_lost_after": 0, "now": "2099-01-01T00:00:00Z"})
+    assert later["lost_nodes"] == ["node09"]
+    assert "never seen, registered %s" % registered in later["nodes"]["node09"]["reason"]
