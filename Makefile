@@ -16,7 +16,7 @@ help:
 	@echo "make test     - the whole suite (lint, sanity, units, docs, lab, end-to-end), with a time summary"
 	@echo "make lint | sanity | units | docs - one quality gate (units: ansible-test units; docs: antsibull-docs, ansible-doc)"
 	@echo "make bench    - figures that show the collection is worth it (make bench QUICK=1 for a smoke run)"
-	@echo "make fleet-scale - the fleet-run test at 16 nodes on 2 fabrics (make test runs it at 8; about 10 minutes)"
+	@echo "make fleet-scale - the fleet-run test at 16 nodes on 2 fabrics (make test runs it at 4; about 10 minutes)"
 	@echo "make lab-up | lab-down | lab-status"
 
 $(VENV)/.stamp: requirements/controller.txt requirements/test.txt
