@@ -79,3 +79,14 @@ def run_playbook(playbook, extra_vars=None, check=False, diff=False, inventory="
         argv.append("--diff")
     proc = subprocess.run(argv, capture_output=True, text=True, env=ansible_env(**(env or {})), cwd=cwd, check=False)
     return PlaybookRun(proc)
+
+
+def write_destroy_playbook(path, names):
+    """A playbook at ``path`` that destroys the lab VMs named (each absent already is left so) through pve_vm."""
+    with open(path, "w") as handle:
+        handle.write(
+            "- hosts: localhost\n  gather_facts: false\n"
+            "  module_defaults:\n    group/llmgw.fleet.proxmox: '{{ fleet_proxmox }}'\n"
+            "  tasks:\n    - name: Destroy the test's VMs\n      llmgw.fleet.pve_vm:\n"
+            "        name: '{{ item }}'\n        state: absent\n      loop: %s\n" % json.dumps(list(names)))
+    return path

@@ -9,13 +9,12 @@ The lab is shared: these tests use addresses 10.77.0.140-155 (VMIDs 1140-1155) a
 lives under the test's directory. Set LLMGW_LAB_KEEP_VMS=1 to keep the VMs for a look afterwards.
 """
 
-import json
 import os
 import time
 
 import pytest
 import yaml
-from helpers import REPO, run_playbook
+from helpers import REPO, run_playbook, write_destroy_playbook
 from onboard_e2e import engine_vars, lab_engine, lab_session
 
 from ansible_collections.llmgw.fleet.plugins.module_utils.fleet_registry import FleetRegistry
@@ -67,13 +66,7 @@ class Fleet:
 
 
 def destroy(fleet):
-    path = os.path.join(fleet.root, "destroy.yml")
-    with open(path, "w") as handle:
-        handle.write(
-            "- hosts: localhost\n  gather_facts: false\n"
-            "  module_defaults:\n    group/llmgw.fleet.proxmox: '{{ fleet_proxmox }}'\n"
-            "  tasks:\n    - name: Destroy the test's VMs\n      llmgw.fleet.pve_vm:\n"
-            "        name: '{{ item }}'\n        state: absent\n      loop: %s\n" % json.dumps(EVERY_NAME))
+    path = write_destroy_playbook(os.path.join(fleet.root, "destroy.yml"), EVERY_NAME)
     run_playbook(path, fleet.extra, inventory=LAB_INVENTORY)
 
 

@@ -28,7 +28,7 @@ import time
 import urllib.request
 
 import pytest
-from helpers import REPO, ansible_env, run_playbook
+from helpers import REPO, ansible_env, run_playbook, write_destroy_playbook
 from pve_vm_e2e import Lab
 
 from ansible_collections.llmgw.fleet.plugins.module_utils.fleet_registry import FleetRegistry
@@ -151,12 +151,7 @@ def provision_in_parallel(fleet):
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
     fleet = Fleet(tmp_path_factory.mktemp("replicas"))
-    with open(os.path.join(fleet.root, "destroy.yml"), "w") as handle:
-        handle.write(
-            "- hosts: localhost\n  gather_facts: false\n"
-            "  module_defaults:\n    group/llmgw.fleet.proxmox: '{{ fleet_proxmox }}'\n"
-            "  tasks:\n    - name: Destroy the test's VMs\n      llmgw.fleet.pve_vm:\n"
-            "        name: '{{ item }}'\n        state: absent\n      loop: %s\n" % json.dumps(sorted(NODES)))
+    write_destroy_playbook(os.path.join(fleet.root, "destroy.yml"), sorted(NODES))
     destroy_vms(fleet)
     try:
         provision_in_parallel(fleet)
