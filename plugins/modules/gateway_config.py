@@ -55,6 +55,26 @@ options:
     type: list
     elements: str
     default: []
+  follow:
+    description:
+      - Update only a gateway that C(llmgw.fleet.gateway) set up from this same registry, and otherwise change
+        nothing and say why in RV(not_following). What C(place_replica), C(reconcile) and removal use, so that a
+        run against another registry (a scratch one, a test's) never rewrites the gateway of the real one.
+    type: bool
+    default: false
+  drain:
+    description:
+      - Replicas about to be removed. Each is left out of the new configuration; before that, when HAProxy answers
+        on O(stats_socket), its server is set to C(drain) through the runtime API (no new request goes to it) and
+        the module waits until it carries no request, at most O(drain_timeout) seconds, so that nothing in flight
+        is cut when its units stop. Not done in check mode.
+    type: list
+    elements: str
+    default: []
+  drain_timeout:
+    description: How long to wait for the requests in flight on a drained server to finish, in seconds.
+    type: int
+    default: 300
   config_path:
     description: Where the HAProxy configuration goes.
     type: path
@@ -251,10 +271,27 @@ config_path:
   description: The configuration written.
   returned: always
   type: str
+following:
+  description: Whether the gateway was updated (always true without O(follow)).
+  returned: always
+  type: bool
+not_following:
+  description: With O(follow), why this gateway was left as it was (not set up, or set up for another registry).
+  returned: when not following
+  type: str
+  sample: "no configuration at /etc/haproxy/haproxy.cfg: the gateway is not set up (run llmgw.fleet.gateway)"
+drained:
+  description: Each server drained before it was left out, with C(replica), C(backend), C(waited) seconds and the
+    C(sessions) still open when the wait ended (0 unless O(drain_timeout) ran out).
+  returned: always
+  type: list
+  elements: dict
 """
 
 import os
+import socket
 import tempfile
+import time
 
 from ansible.module_utils.basic import AnsibleModule
 
@@ -305,6 +342,46 @@ def write(module, path, content, mode, validate=None, dir_mode=0o750):
             os.remove(tmp)
 
 
+def runtime_api(path, command):
+    """One command on HAProxy's stats socket; its answer."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(10)
+        sock.connect(path)
+        sock.sendall(command.encode() + b"\n")
+        data = b""
+        while True:
+            part = sock.recv(65536)
+            if not part:
+                return data.decode("utf-8", "replace")
+            data += part
+
+
+def drain(module, stats_socket, replicas, models_of, timeout):
+    """Set each replica's server to drain and wait until none carries a request (or the time is up)."""
+    if not replicas or not stats_socket or not os.path.exists(stats_socket):
+        return []
+    try:
+        sessions = core.server_sessions(runtime_api(stats_socket, "show stat"))
+        targets = [(core.backend_name(models_of[name]), name) for name in replicas
+                   if (core.backend_name(models_of.get(name, "-")), name) in sessions]
+        for backend, server in targets:
+            runtime_api(stats_socket, "set server %s/%s state drain" % (backend, server))
+        started = time.monotonic()
+        while True:
+            sessions = core.server_sessions(runtime_api(stats_socket, "show stat"))
+            left = {t: sessions.get(t, 0) for t in targets}
+            if not any(left.values()) or time.monotonic() - started >= timeout:
+                break
+            time.sleep(0.5)
+    except OSError as exc:
+        module.warn("could not drain %s through %s (%s): requests in flight on it may be cut"
+                    % (", ".join(replicas), stats_socket, exc))
+        return []
+    waited = round(time.monotonic() - started, 1)
+    return [{"replica": server, "backend": backend, "waited": waited, "sessions": left[(backend, server)]}
+            for backend, server in targets]
+
+
 def main():
     module = AnsibleModule(
         argument_spec=dict(
@@ -314,6 +391,9 @@ def main():
             config_path=dict(type="path", default="/etc/haproxy/haproxy.cfg"),
             keys_path=dict(type="path", default="/etc/haproxy/llmgw/api-keys.map", no_log=False),
             targets_path=dict(type="path"),
+            follow=dict(type="bool", default=False),
+            drain=dict(type="list", elements="str", default=[]),
+            drain_timeout=dict(type="int", default=300),
             gateway_target=dict(type="str"),
             node_exporter_port=dict(type="int", default=9100),
             validate=dict(type="str"),
@@ -347,6 +427,20 @@ def main():
         if settings[key] == "":
             settings[key] = None
     path = fleet_registry.resolve_path(p["db"])
+    old_config = read(p["config_path"])
+    if p["follow"]:
+        serves = core.registry_of(old_config)
+        why = None
+        if old_config is None:
+            why = "no configuration at %s: the gateway is not set up (run llmgw.fleet.gateway)" % p["config_path"]
+        elif serves is None:
+            why = "%s was not written by llmgw.fleet.gateway for a registry: run llmgw.fleet.gateway" % p["config_path"]
+        elif serves != path:
+            why = "this gateway serves the registry %s, not %s" % (serves, path)
+        if why:
+            module.exit_json(changed=False, config_changed=False, keys_changed=False, targets_changed=False,
+                             following=False, not_following=why, models=[], unavailable_models=[], backends={},
+                             excluded=[], key_names=[], drained=[], config_path=p["config_path"], db=path)
     try:
         settings = core.Settings(**settings).checked()
         for target in ("config_path", "targets_path"):
@@ -355,10 +449,10 @@ def main():
         keys_text = core.keys_map(p["api_keys"])
         if os.path.exists(path):
             with fleet_registry.FleetRegistry(path, create=False) as registry:
-                routes = core.read_routes(registry, p["models"])
+                routes = core.read_routes(registry, p["models"], p["drain"])
         else:
-            routes = core.routes([], [], placement.Fleet([]), p["models"])
-        config_text = core.render(routes, settings)
+            routes = core.routes([], [], placement.Fleet([]), p["models"], p["drain"])
+        config_text = core.render(routes, settings, path)
         targets_text = None
         if p["targets_path"]:
             targets_text = core.file_sd(routes, p["gateway_target"], p["node_exporter_port"] or None)
@@ -369,13 +463,15 @@ def main():
     old_keys = read(settings.keys_path)
     old_names = sorted(line.split(" ", 1)[1] for line in (old_keys or "").splitlines() if " " in line)
     keys_changed = old_keys != keys_text or mode_of(settings.keys_path) != 0o600
-    old_config = read(p["config_path"])
     config_changed = old_config != config_text or mode_of(p["config_path"]) != 0o640
     old_targets = read(p["targets_path"]) if p["targets_path"] else None
     targets_changed = bool(p["targets_path"]) and (old_targets != targets_text or
                                                    mode_of(p["targets_path"]) != 0o644)
 
+    drained = []
     if not module.check_mode:
+        models_of = {e["replica"]: e["model"] for e in routes.excluded}
+        drained = drain(module, settings.stats_socket, p["drain"], models_of, p["drain_timeout"])
         if keys_changed:
             write(module, settings.keys_path, keys_text, 0o600)
         if config_changed:
@@ -385,6 +481,7 @@ def main():
 
     result = dict(changed=keys_changed or config_changed or targets_changed, config_changed=config_changed,
                   keys_changed=keys_changed, targets_changed=targets_changed, key_names=key_names,
+                  following=True, drained=drained,
                   config_path=p["config_path"], db=path, **routes.to_dict())
     if module._diff:
         diffs = [{"before_header": p["config_path"], "after_header": p["config_path"],

@@ -11,6 +11,11 @@ and again (as its timer would, back to back) until the node is lost and the repl
 Ready again elsewhere. Times come from the registry's events (1 s resolution) against the moment the stop task
 ended. ``node_lost_after`` is 60 s, the seed's and the collection's default (``--quick``: 10 s).
 
+The gateway (playbooks/gateway.yml, HAProxy as a process on loopback, files in the temporary directory) follows
+the bench's registry, and a bounded load (3 clients, one request each at a time, until the replacement has answered
+or 900 requests) runs through it across the loss: the requests answered by a replica the registry did not call
+Ready (must be 0), the ones that failed, and the time from the replacement's Ready to its first answer.
+
 Needs playbooks/reconcile.yml and playbooks/place_replica.yml; without them it says so and measures nothing.
 The VMs (octets 241-244) and the registry (a temporary directory) are removed at the end.
 """
@@ -18,6 +23,9 @@ The VMs (octets 241-244) and the registry (a temporary directory) are removed at
 import argparse
 import datetime
 import os
+import secrets
+import signal
+import socket
 import sys
 import tempfile
 import time
@@ -25,6 +33,9 @@ import time
 import yaml
 from figures import REPO, Report, log
 from lab import LAB_DIR, LAB_INVENTORY, Lab, PlaybookFailed, run_playbook, why_not_up
+
+sys.path.insert(0, os.path.join(REPO, "tests", "e2e"))
+from gateway_load import Load, failures  # noqa: E402 - the tests' load generator
 
 from ansible_collections.llmgw.fleet.plugins.module_utils.fleet_registry import FleetRegistry
 
@@ -41,18 +52,41 @@ def epoch(stamp):
     return datetime.datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.timezone.utc).timestamp()
 
 
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 class Fleet:
     def __init__(self, lab, root):
         self.lab, self.root = lab, root
         self.db = os.path.join(root, "fleet.db")
         self.runs = 0
+        gateway = os.path.join(root, "gateway")
+        self.key, self.port = "sk-bench-" + secrets.token_hex(16), free_port()
+        self.gateway_pid_file = os.path.join(gateway, "haproxy.pid")
+        self.gateway = {
+            "fleet_gateway_api_keys": {"bench": self.key}, "gateway_port": self.port,
+            "gateway_metrics_port": free_port(), "gateway_config_path": os.path.join(gateway, "haproxy.cfg"),
+            "gateway_keys_path": os.path.join(gateway, "api-keys.map"),
+            "gateway_targets_path": os.path.join(gateway, "targets.json"),
+            "gateway_stats_socket": os.path.join(gateway, "admin.sock"), "gateway_pid_file": self.gateway_pid_file}
 
     def vars(self, **extra):
         out = {"lab_state_dir": LAB_DIR, "fleet_registry": self.db, "fleet_models": MODEL,
                "fleet_known_hosts_file": os.path.join(self.root, "known_hosts"),
                "fleet_ca_dir": os.path.join(self.root, "ca")}
+        out.update(self.gateway)
         out.update(extra)
         return out
+
+    def stop_gateway(self):
+        try:
+            with open(self.gateway_pid_file) as handle:
+                os.kill(int(handle.read().split()[0]), signal.SIGTERM)
+        except (OSError, ValueError, IndexError):
+            pass
 
     def play(self, playbook, inventories=(LAB_INVENTORY,), forks=None, **extra):
         self.runs += 1
@@ -93,6 +127,7 @@ def main(argv=None):
             print(str(exc), flush=True)
             report.skip("replacement after node loss", "a step failed: " + str(exc).splitlines()[0])
         finally:
+            fleet.stop_gateway()
             lab.remove(names)
     report.write(args.json)
     return 0
@@ -100,6 +135,7 @@ def main(argv=None):
 
 def measure(report, lab, fleet, lost_after):
     began = time.monotonic()
+    fleet.play("gateway.yml")
     inventory = os.path.join(fleet.root, "bench_nodes.yml")
     with open(inventory, "w") as handle:
         yaml.safe_dump({"bench_nodes": {"hosts": {lab.name(o): {"bench_address": lab.address(o) + "/24"}
@@ -122,6 +158,8 @@ def measure(report, lab, fleet, lost_after):
     if len(on_lost) != 1:
         raise RuntimeError("expected one replica with a shard on %s, found %s" % (lost_name, on_lost))
     victim = on_lost[0]
+    load = Load(fleet.port, fleet.key, "bench-sim", clients=3, total=900, max_seconds=GIVE_UP_AFTER).start()
+    time.sleep(2)
     lab.stop(lost_name)
     stopped = time.time()
     reconciles = []
@@ -137,7 +175,16 @@ def measure(report, lab, fleet, lost_after):
             lost_at, ready_at = epoch(lost[-1]) - stopped, epoch(ready[-1]) - stopped
             break
     if lost_at is None:
+        load.end_now()
         raise RuntimeError("no replacement Ready within %d s of the stop" % GIVE_UP_AFTER)
+    failed_at = [epoch(e["at"]) for e in fleet.events(victim) if (e.get("detail") or "").startswith("ready -> failed")
+                 and epoch(e["at"]) >= int(stopped)][-1]
+    deadline = time.time() + 60
+    while time.time() < deadline and not any(r["replica"] == victim and r["sent"] > stopped + ready_at
+                                             for r in list(load.records)):
+        time.sleep(0.5)
+    load.end_now()
+    records = load.stop(timeout=90)
     shards = fleet.replica(victim)["shards"]
     log("%s stopped; lost at t+%.0f s, %s Ready again on %s at t+%.0f s; %d reconcile runs of %.0f s mean" % (
         lost_name, lost_at, victim, ", ".join(s["node"] for s in shards), ready_at, len(reconciles),
@@ -155,6 +202,26 @@ def measure(report, lab, fleet, lost_after):
                "seed %.0f s" % (SEED["ready"] - SEED["lost"]), (ready_at - lost_at) / (SEED["ready"] - SEED["lost"]),
                params, "what the collection itself takes to fail, reap, re-place and launch the replica and see it "
                "serve")
+    # Registry times are whole seconds: sent a full second after the failure was recorded, answered before the
+    # second the replacement was recorded Ready.
+    wrong = [r for r in records if r["replica"] == victim and r["sent"] >= failed_at + 1
+             and r["done"] < stopped + ready_at]
+    bad = failures(records)
+    answered = [r["done"] for r in records if r["replica"] == victim and r["sent"] > stopped + ready_at]
+    load_params = "%d requests from 3 clients through the gateway across the loss, model bench-sim (2 replicas)" % (
+        len(records))
+    report.add("gateway across node loss: requests answered by a replica not Ready", "%d" % len(wrong), "0", None,
+               load_params, "%d failed%s" % (len(bad), (": " + "; ".join(sorted({"%s %s" % (
+                   r["status"], (r["error"] or "")[:80]) for r in bad}))) if bad else " (the other replica took "
+                   "them while the lost one's health check failed, then the gateway stopped routing to it)"))
+    if answered:
+        first = min(answered) - (stopped + ready_at)
+        report.add("gateway: replacement Ready -> its first answer through the gateway", "%.1f s" % first,
+                   "Ready at t+%.0f s" % ready_at, None, load_params,
+                   "the reconcile run ends by reloading the gateway with the replacement in it (1 s registry "
+                   "resolution; slowstart ramps its share up over 30 s)")
+    else:
+        report.skip("gateway: replacement Ready -> its first answer", "no request reached it within 60 s")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,9 @@ Benchmarks (each also runs alone; see its docstring):
 * bench_placement.py   solve time and replicas placed vs first-fit decreasing, 10 to 5,000 nodes (no lab)
 * bench_cpu_model.py   the real engine and a real model: x64 forced vs the variant llama.cpp picks (no lab)
 * bench_add_node.py    add_node on the lab: 1 node vs the lab's floor, 1/4/8 nodes at once, the idempotent re-run
-* bench_replacement.py node loss on the lab: stop to lost detected and to replacement Ready, vs the seed's 60/80 s
+* bench_replacement.py node loss on the lab: stop to lost detected and to replacement Ready, vs the seed's 60/80 s,
+                       with a load through the gateway across it (requests to a replica not Ready, failures)
+* bench_gateway.py     a 16-token completion of a real model through the gateway vs from the leader directly
 
 The lab benchmarks use the running lab; when it is down, this brings it up and takes it down again at the end
 (a lab that was up is left up). ``--quick`` (CI) runs each on its smallest size and checks only that it runs.
@@ -25,8 +27,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
-BENCHES = ["placement", "cpu_model", "add_node", "replacement"]
-LAB_BENCHES = ["add_node", "replacement"]
+BENCHES = ["placement", "cpu_model", "add_node", "replacement", "gateway"]
+LAB_BENCHES = ["add_node", "replacement", "gateway"]
 
 
 def print_table(results):

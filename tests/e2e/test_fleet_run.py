@@ -104,6 +104,16 @@ def test_check_mode_predicts_every_node_and_creates_nothing(fleet):
     assert not os.path.exists(fleet.db) or not fleet.registry()[0]
 
 
+def test_a_limit_that_leaves_out_localhost_is_refused_before_any_change(fleet):
+    """The lab inventory declares localhost; --limit fl-01 leaves out add_node's controller part (the fleet CA, the
+    report), so every node refuses at its first preflight, naming the fix."""
+    run = fleet.play("add_node", limit="fl-01")
+    assert run.failed
+    assert any("--limit 'fabric_ib_a,localhost'" in m for m in run.failure_messages()), run.failure_messages()
+    assert not fleet.lab.vm("fl-01")
+    assert not os.path.exists(os.path.join(fleet.root, "ca"))
+
+
 def test_one_run_adds_sixteen_nodes_side_by_side_and_one_failure_stops_no_other(fleet):
     run = fleet.play("add_node")
     lines = report_lines(run, "Report the nodes of this run")

@@ -9,6 +9,9 @@ weights runs with the engine arguments the node's checks found; the adoption cas
 replica with its rank 0 gone is failed and replaced, never left ready); and node loss: rp-node02's VM stopped
 through the Proxmox API, after node_lost_after it is lost, the ib-a replica failed and reaped, its replacement
 ready on ib-b while rp-node01 stays idle. The times (lost detected, replacement ready) are printed at the end.
+A gateway (real HAProxy, set up by llmgw.fleet.gateway as a process on loopback) follows the test's registry
+throughout; across the node loss a bounded load (3 clients, a fixed count of requests) runs through it and counts
+the requests answered by a replica the registry did not call Ready (must be 0) and the ones that failed, with why.
 Then recovery: rp-node02 boots again and is ready (its old unit file removed), and a node cut off the network
 with the lab's partition fault is lost while its shard keeps running, its replica moves, and when the partition
 heals the node is ready again and the stale shard is stopped.
@@ -22,12 +25,16 @@ import hashlib
 import importlib.util
 import json
 import os
+import secrets
+import signal
+import socket
 import subprocess
 import sys
 import time
 import urllib.request
 
 import pytest
+from gateway_load import Load, failures
 from helpers import REPO, ansible_env, run_playbook, write_destroy_playbook
 from pve_vm_e2e import Lab
 
@@ -66,9 +73,21 @@ class Fleet:
         with open(os.path.join(REPO, ".lab", "connection.yml")) as handle:
             import yaml
             self.lab = yaml.safe_load(handle)
+        # The test's own gateway, on loopback: every playbook of the test makes it follow the test's registry.
+        gateway = os.path.join(self.root, "gateway")
+        self.gateway_key = "sk-test-" + secrets.token_hex(16)
+        self.gateway_port = free_port()
+        self.gateway_pid_file = os.path.join(gateway, "haproxy.pid")
+        self.gateway = {
+            "fleet_gateway_api_keys": {"test": self.gateway_key}, "gateway_port": self.gateway_port,
+            "gateway_metrics_port": free_port(), "gateway_config_path": os.path.join(gateway, "haproxy.cfg"),
+            "gateway_keys_path": os.path.join(gateway, "api-keys.map"),
+            "gateway_targets_path": os.path.join(gateway, "targets.json"),
+            "gateway_stats_socket": os.path.join(gateway, "admin.sock"), "gateway_pid_file": self.gateway_pid_file}
 
     def vars(self, **extra):
         out = {"fleet_registry": self.db, "fleet_known_hosts_file": self.known_hosts, "fleet_models": self.models}
+        out.update(self.gateway)
         out.update(extra)
         return out
 
@@ -98,6 +117,20 @@ class Fleet:
     def node(self, name):
         with FleetRegistry(self.db) as registry:
             return registry.get_node(name)
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def stop_gateway(fleet):
+    try:
+        with open(fleet.gateway_pid_file) as handle:
+            os.kill(int(handle.read().split()[0]), signal.SIGTERM)
+    except (OSError, ValueError, IndexError):
+        pass
 
 
 def ok(run):
@@ -166,8 +199,10 @@ def fleet(tmp_path_factory):
                 "      loop: %s\n" % json.dumps([{"name": n, "address": a, "fabric": f}
                                                  for n, (a, f) in sorted(NODES.items())]))
         ok(fleet.play(register))
+        ok(fleet.play("gateway.yml"))
         yield fleet
     finally:
+        stop_gateway(fleet)
         if os.environ.get("LLMGW_LAB_KEEP_VMS") != "1":
             destroy_vms(fleet)
 
@@ -340,10 +375,24 @@ def test_adoption_a_ready_replica_without_its_rank0_is_failed_and_replaced(fleet
     assert complete(after)["choices"][0]["text"].startswith("sim coder-b rank0+1:")
 
 
+def test_the_gateway_routes_by_model_to_ready_replicas_only(fleet):
+    load = Load(fleet.gateway_port, fleet.gateway_key, "sim-coder")
+    answered = [load.one() for _ in range(6)]
+    assert [r["status"] for r in answered] == [200] * 6, answered
+    assert {r["replica"] for r in answered} == {"coder-a", "coder-b"}  # both Ready replicas of the model serve
+    with open(fleet.gateway["gateway_config_path"]) as handle:
+        assert "#   registry: %s" % fleet.db in handle.read()
+    not_ready = Load(fleet.gateway_port, fleet.gateway_key, "tiny-llama").one()  # declared, no replica now
+    assert not_ready["status"] == 503 and "model_not_ready" in not_ready["error"]
+
+
 def test_a_lost_node_fails_and_reaps_its_replica_and_the_replacement_is_ready_on_the_other_fabric(fleet):
     ok(fleet.play("reconcile.yml", node_lost_after=LOST_AFTER))  # everyone seen just now
     vmid = 1000 + int(NODES["rp-node02"][0].rsplit(".", 1)[1])
     lab = Lab()
+    # The seed's failure, held against the router: a bounded load through the gateway runs across it.
+    load = Load(fleet.gateway_port, fleet.gateway_key, "sim-coder", clients=3, total=3000, max_seconds=240).start()
+    time.sleep(3)
     lab.client.stop_vm(lab.node, vmid, 120)
     stopped = time.time()
     result = None
@@ -372,11 +421,35 @@ def test_a_lost_node_fails_and_reaps_its_replica_and_the_replacement_is_ready_on
     with FleetRegistry(fleet.db) as registry:
         lost_at = [e["at"] for e in registry.events("rp-node02") if e["detail"].startswith("ready -> lost")][-1]
         ready_at = [e["at"] for e in registry.events("coder-a") if "-> ready" in e["detail"]][-1]
+        failed_at = [e["at"] for e in registry.events("coder-a") if e["detail"].startswith("ready -> failed")][-1]
     TIMES["lost detected"] = epoch(lost_at) - stopped
     TIMES["replacement ready"] = epoch(ready_at) - stopped
     figures = (LOST_AFTER, TIMES["lost detected"], TIMES["replacement ready"], TIMES["reconcile returned"])
     print("\nnode loss, node_lost_after=%d s: rp-node02 lost at t+%.0f s, replacement ready on ib-b at t+%.0f s "
           "(reconcile returned at t+%.0f s)" % figures)
+    # The load goes on until the replacement has answered through the gateway, then ends.
+    deadline = time.time() + 60
+    while time.time() < deadline and not any(r["replica"] == "coder-a" and r["sent"] > epoch(ready_at)
+                                             for r in list(load.records)):
+        time.sleep(0.5)
+    load.end_now()
+    records = load.stop(timeout=90)
+    # Registry times are whole seconds: a request counts against the gateway when it was sent a full second after
+    # the registry failed coder-a and answered before the second the registry called it Ready again.
+    wrong = [r for r in records if r["replica"] == "coder-a" and r["sent"] >= epoch(failed_at) + 1
+             and r["done"] < epoch(ready_at)]
+    failed_requests = failures(records)
+    first_new = min(r["done"] for r in records if r["replica"] == "coder-a" and r["sent"] > epoch(ready_at))
+    TIMES["replacement ready to first request"] = first_new - epoch(ready_at)
+    print("gateway under the loss: %d requests from 3 clients, %d answered by a replica the registry did not call "
+          "Ready, %d failed%s; the replacement answered %.1f s after it was recorded Ready" % (
+              len(records), len(wrong), len(failed_requests),
+              (" (" + "; ".join(sorted({"%s %s" % (r["status"], (r["error"] or "")[:120])
+                                        for r in failed_requests})) + ")") if failed_requests else "",
+              TIMES["replacement ready to first request"]))
+    assert wrong == [], wrong[:5]
+    assert len(records) >= 100, "the load did not run across the loss: %d requests" % len(records)
+    assert len(failed_requests) <= len(records) // 100, failed_requests[:5]
 
 
 def vmid_of(node):

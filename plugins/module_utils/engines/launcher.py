@@ -58,7 +58,8 @@ def llama_cpp_commands(spec):
     argv = [_join(bin_dir, server),
             "--host", str(spec.get("host", DEFAULTS["host"])),
             "--port", str(spec.get("port", DEFAULTS["port"])),
-            "--model", spec["model"]]
+            "--model", spec["model"],
+            "--metrics"]  # /metrics for Prometheus, listed in the gateway's file_sd targets
     _opt(argv, "--alias", spec.get("alias"))
     _opt(argv, "--ctx-size", spec.get("context"))
     _opt(argv, "--parallel", spec.get("parallel"))

@@ -41,6 +41,7 @@ FLAGS = {
         "--parallel": "-np, --parallel N: number of server slots (default: -1, -1 = auto)",
         "--threads": "-t, --threads N: number of CPU threads to use during generation",
         "--n-gpu-layers": "-ngl, --gpu-layers, --n-gpu-layers N: max. number of layers to store in VRAM",
+        "--metrics": "--metrics: enable prometheus compatible metrics endpoint (the gateway's targets file lists it)",
         "--rpc": "--rpc SERVERS: comma-separated list of RPC servers (host:port); only with GGML_RPC",
         "--no-repack": "--repack, -nr, --no-repack: whether to enable weight repacking (default: enabled); "
                        "passed on nodes whose CPU faults in the repacked (AMX) kernels",

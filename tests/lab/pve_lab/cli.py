@@ -17,6 +17,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -157,6 +159,36 @@ def verify_empty(paths: LabPaths, timeout: float = 10.0) -> int:
     return 0
 
 
+def stop_gateway(paths: LabPaths, timeout: float = 20.0) -> Optional[int]:
+    """Stop the lab gateway's HAProxy master (started by roles/gateway with gateway_service_manager: process);
+    the pid it stopped, or None when none was running."""
+    pid_file = os.path.join(paths.gateway_dir, "haproxy.pid")
+    try:
+        with open(pid_file) as handle:
+            pid = int(handle.read().split()[0])
+        with open("/proc/%d/comm" % pid) as handle:
+            if handle.read().strip() != "haproxy":
+                return None
+        os.kill(pid, signal.SIGTERM)
+    except (OSError, ValueError, IndexError):
+        return None
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and os.path.exists("/proc/%d" % pid):
+        time.sleep(0.1)
+    return pid
+
+
+def remove_fleet_state(paths: LabPaths) -> List[str]:
+    """The lab fleet's registry, known_hosts, CA and gateway go with its VMs: kept, they would describe nodes that
+    no longer exist (ready in `bin/fleet status`) and refuse the same names again as changed host keys."""
+    removed = []
+    for directory in (paths.fleet_dir, paths.gateway_dir):
+        if os.path.isdir(directory):
+            shutil.rmtree(directory)
+            removed.append(directory)
+    return removed
+
+
 def down(paths: LabPaths, verify: bool = False) -> int:
     vmids = recorded_vmids(paths)
     stopped = daemon.stop(paths)
@@ -172,6 +204,11 @@ def down(paths: LabPaths, verify: bool = False) -> int:
         for candidate in (path, path + ".tmp"):
             if os.path.exists(candidate):
                 os.unlink(candidate)
+    gateway = stop_gateway(paths)
+    if gateway:
+        say("gateway stopped (pid %d)" % gateway)
+    for directory in remove_fleet_state(paths):
+        say("removed %s (the fleet state of the VMs just destroyed)" % os.path.relpath(directory, paths.lab_dir))
     say("lab state removed")
     if verify and verify_empty(paths) != 0:
         status = 1

@@ -46,6 +46,16 @@ class LabPaths:
         return os.path.join(self.lab_dir, "ssh")
 
     @property
+    def fleet_dir(self) -> str:
+        """The lab fleet's registry, known_hosts and CA (inventories/lab points its fleet_* paths here)."""
+        return os.path.join(self.lab_dir, "fleet")
+
+    @property
+    def gateway_dir(self) -> str:
+        """The lab gateway's files and its HAProxy master's pid (inventories/lab/group_vars/gateway.yml)."""
+        return os.path.join(self.lab_dir, "gateway")
+
+    @property
     def state_file(self) -> str:
         return os.path.join(self.api_dir, "state.json")
 

@@ -27,7 +27,7 @@ def test_llama_cpp_rank0_serves_with_rpc_to_every_other_rank():
     assert ranks[0]["binary"] == "llama-server" and ranks[0]["serves_api"]
     argv = ranks[0]["argv"]
     assert argv[argv.index("--rpc") + 1] == "10.77.0.102:50052,10.77.0.103:50052"
-    for flag in ("--host", "--port", "--model", "--alias", "--ctx-size", "--parallel", "--threads",
+    for flag in ("--host", "--port", "--model", "--metrics", "--alias", "--ctx-size", "--parallel", "--threads",
                  "--n-gpu-layers"):
         assert flag in argv
 

@@ -84,6 +84,7 @@ def test_the_configuration_routes_errors_and_timeouts(registry):
     assert "    acl routed_path path /v1/chat/completions /v1/completions /v1/embeddings" in lines
     assert "    use_backend model_coder if { var(txn.model) -m str coder }" in lines
     assert "    server coder-a 10.77.0.11:8080" in lines and "    server coder-b 10.77.0.13:8082" in lines
+    assert "    http-response set-header X-Llmgw-Replica %[srv_name]" in lines
     assert "    default-server check inter 2s fall 2 rise 2 slowstart 30s" in lines
     assert "    option httpchk GET /health" in lines and "    option redispatch 1" in lines
     assert "    retry-on conn-failure empty-response" in lines
@@ -103,6 +104,50 @@ def test_the_configuration_routes_errors_and_timeouts(registry):
     assert "the models there are: coder" in not_found and not_found.endswith("unless { var(txn.model) -m str coder }")
     # Deterministic: the same fleet gives the same text (changed only when the fleet changed).
     assert config == gc.render(gc.read_routes(registry, ["gemma"]), gc.Settings(server_timeout=1200))
+
+
+def test_a_replica_being_removed_is_left_out_and_says_why(registry):
+    replica(registry, "coder-a", "coder", ["node01", "node02"])
+    replica(registry, "coder-b", "coder", ["node03", "node04"], port=8082)
+    routes = gc.read_routes(registry, leave_out=["coder-a"])
+    assert [s.replica for s in routes.served["coder"]] == ["coder-b"]
+    assert routes.to_dict()["excluded"] == [
+        {"replica": "coder-a", "model": "coder", "why": "being removed (drained at the gateway)"}]
+    with pytest.raises(gc.GatewayConfigError, match="drain"):
+        gc.read_routes(registry, leave_out=["bad name"])
+
+
+def test_the_configuration_records_its_registry_and_only_its_own_is_read_back(registry):
+    config = gc.render(gc.read_routes(registry), gc.Settings(), "/srv/llmgw/fleet.db")
+    assert config.splitlines()[1] == "#   registry: /srv/llmgw/fleet.db"
+    assert gc.registry_of(config) == "/srv/llmgw/fleet.db"
+    assert gc.registry_of(gc.render(gc.read_routes(registry), gc.Settings())) is None
+    assert gc.registry_of("global\n    daemon\n") is None and gc.registry_of(None) is None
+    with pytest.raises(gc.GatewayConfigError, match="control characters"):
+        gc.render(gc.read_routes(registry), gc.Settings(), "/srv/fleet.db\nglobal")
+
+
+def test_status_names_each_models_endpoints(registry):
+    replica(registry, "coder-a", "coder", ["node01", "node02"])
+    replica(registry, "coder-b", "coder", ["node03", "node04"], state="starting", port=8082)
+    lines = gc.model_lines(gc.read_routes(registry, ["gemma"]), "http://gw.example:8000/")
+    assert lines == [
+        "MODELS",
+        "  coder: 1 Ready replica(s), through the gateway http://gw.example:8000/v1; "
+        "leaders http://10.77.0.11:8080 (coder-a)",
+        "  gemma: no Ready replica (the gateway answers 503)",
+        "  not routed: coder-b (coder): state starting, not ready"]
+    assert "--gateway URL" in gc.model_lines(gc.read_routes(registry))[1]
+
+
+def test_server_sessions_reads_show_stat():
+    show_stat = ("# pxname,svname,qcur,qmax,scur,smax,slim,stot\n"
+                 "api,FRONTEND,,,3,9,4096,120\n"
+                 "model_coder,coder-a,0,0,2,5,,40\n"
+                 "model_coder,coder-b,0,0,0,3,,38\n"
+                 "model_coder,BACKEND,0,0,2,6,410,78\n\n")
+    assert gc.server_sessions(show_stat) == {("model_coder", "coder-a"): 2, ("model_coder", "coder-b"): 0}
+    assert gc.server_sessions("Unknown command\n") == {}
 
 
 def test_tls_binds_the_certificate():
