@@ -9,7 +9,7 @@ export ANSIBLE_COLLECTIONS_PATH := $(COLLECTIONS)
 export PYTHONPATH := $(CURDIR)/tests/lab
 LAB := $(PY) -m pve_lab
 
-.PHONY: help venv system-deps collection demo test lint sanity units docs molecule lab-up lab-down lab-status bench fleet-scale clean
+.PHONY: help venv system-deps collection demo test lint sanity units docs molecule lab-up lab-down lab-status shell bench fleet-scale clean
 
 help:
 	@echo "make demo     - bring the lab up and run the main job on it"
@@ -18,6 +18,7 @@ help:
 	@echo "make bench    - figures that show the collection is worth it (make bench QUICK=1 for a smoke run)"
 	@echo "make fleet-scale - the fleet-run test at 16 nodes on 2 fabrics (make test runs it at 4; about 10 minutes)"
 	@echo "make lab-up | lab-down | lab-status"
+	@echo "make shell    - a shell where the commands of README and docs work as typed (.venv/bin on PATH)"
 
 $(VENV)/.stamp: requirements/controller.txt requirements/test.txt
 	$(PYTHON) -m venv $(VENV)
@@ -46,6 +47,11 @@ lab-down: venv
 
 lab-status: venv
 	$(LAB) status
+
+# ansible.cfg at the root points Ansible at the collection; this puts the venv's ansible-playbook on PATH.
+shell: venv collection
+	@echo "llmgw.fleet shell: ansible-playbook, ansible-inventory and bin/fleet as the docs type them; 'exit' leaves"
+	@cd $(CURDIR) && PATH=$(CURDIR)/$(VENV)/bin:$$PATH VIRTUAL_ENV=$(CURDIR)/$(VENV) $${SHELL:-/bin/bash} -i
 
 demo: venv system-deps collection
 	$(PY) tests/demo.py

@@ -107,6 +107,12 @@ def stage_pytest(paths):
     return run([PY, "-m", "pytest", "-p", "no:cacheprovider", "--junitxml", JUNIT, "-ra"] + paths)
 
 
+def stage_docs_run():
+    """Every command README.md and docs/ tell a reader to type, run on the lab (tests/docs_run)."""
+    return run([PY, "-m", "pytest", "-p", "no:cacheprovider", "-s", "-q", "--junitxml",
+                os.path.join(JUNIT_DIR, "docs-run.xml"), os.path.join("tests", "docs_run")])
+
+
 def stage_molecule():
     return run([PY, os.path.join("tests", "molecule", "run.py")])
 
@@ -130,7 +136,8 @@ def junit_counts():
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--only", choices=["lint", "sanity", "units", "docs", "pytest-units", "molecule"])
+    parser.add_argument("--only", choices=["lint", "sanity", "units", "docs", "pytest-units", "molecule",
+                                           "docs-run"])
     args = parser.parse_args()
     os.environ["PYTHONPATH"] = os.path.join(REPO, "tests", "lab")
     os.environ["ANSIBLE_COLLECTIONS_PATH"] = os.path.join(REPO, ".build", "collections")
@@ -149,6 +156,7 @@ def main():
                  ("ansible-doc renders every plugin", stage_ansible_doc)],
         "pytest-units": [("pytest units", lambda: stage_pytest(["tests/unit"]))],
         "molecule": [("molecule scenarios (lab VMs)", stage_molecule)],
+        "docs-run": [("docs run (every documented command)", stage_docs_run)],
     }.get(args.only) or [
         ("lint", stage_lint),
         ("sanity", stage_sanity),
@@ -158,6 +166,7 @@ def main():
         ("lab up", stage_lab_up),
         ("engine build (cached per machine)", stage_engine_build),
         ("pytest (examples, lab, end-to-end)", lambda: stage_pytest(PYTEST_ARGS)),
+        ("docs run (every documented command)", stage_docs_run),
         ("molecule scenarios (lab VMs)", stage_molecule),
     ]
 
@@ -179,7 +188,7 @@ def main():
     failed_stages = [name for name, rc, _ignored in results if rc != 0]
     passed, failed, skipped = junit_counts()
     # A stage whose tests failed is counted by its tests; one that failed otherwise (a linter) counts once.
-    test_stages = ("pytest", "ansible-test units", "ansible-doc")
+    test_stages = ("pytest", "ansible-test units", "ansible-doc", "docs run")
     non_pytest_failures = len([n for n in failed_stages if not n.startswith(test_stages)])
     # A test stage that failed before writing its report (ansible-test units that could not start) still counts.
     failures = max(failed + non_pytest_failures, len(failed_stages))

@@ -147,12 +147,14 @@ def measure(report, lab, state, pairs):
             through.append(ask("127.0.0.1", port, key))
     params = ("%d pairs, one client, /v1/completions %d tokens of %s Q4_K_M on 1 lab node (2 threads), "
               "gateway on 127.0.0.1, leader at %s:%d" % (pairs, TOKENS, MODEL, leader[0], leader[1]))
+    spread = (percentile(direct, 0.99) - percentile(direct, 0.5)) * 1000
     for label, share in (("p50", 0.5), ("p99", 0.99)):
         ours, base = percentile(through, share), percentile(direct, share)
         report.add("gateway: %s latency through the gateway vs the leader directly" % label,
                    "%.1f ms" % (ours * 1000), "%.1f ms" % (base * 1000), ours / base, params,
-                   "%+.1f ms per request for the key check, the body read for the model and the extra hop "
-                   "(goal at p50: at most 1.1x)" % ((ours - base) * 1000))
+                   "%+.1f ms per request for the key check, the body read and the extra hop; the direct requests "
+                   "alone spread %.1f ms from p50 to p99, so a difference smaller than that is noise "
+                   "(goal at p50: at most 1.1x)" % ((ours - base) * 1000, spread))
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ ended. ``node_lost_after`` is 60 s, the seed's and the collection's default (``-
 
 The gateway (playbooks/gateway.yml, HAProxy as a process on loopback, files in the temporary directory) follows
 the bench's registry, and a bounded load (3 clients, one request each at a time, until the replacement has answered
-or 900 requests) runs through it across the loss: the requests answered by a replica the registry did not call
+or 5,000 requests) runs through it across the loss: the requests answered by a replica the registry did not call
 Ready (must be 0), the ones that failed, and the time from the replacement's Ready to its first answer.
 
 Needs playbooks/reconcile.yml and playbooks/place_replica.yml; without them it says so and measures nothing.
@@ -158,7 +158,7 @@ def measure(report, lab, fleet, lost_after):
     if len(on_lost) != 1:
         raise RuntimeError("expected one replica with a shard on %s, found %s" % (lost_name, on_lost))
     victim = on_lost[0]
-    load = Load(fleet.port, fleet.key, "bench-sim", clients=3, total=900, max_seconds=GIVE_UP_AFTER).start()
+    load = Load(fleet.port, fleet.key, "bench-sim", clients=3, total=5000, max_seconds=GIVE_UP_AFTER).start()
     time.sleep(2)
     lab.stop(lost_name)
     stopped = time.time()

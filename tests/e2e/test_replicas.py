@@ -22,6 +22,7 @@ known_hosts under a temporary directory, and destroy their VMs at the end (unles
 
 import datetime
 import hashlib
+import http.client
 import importlib.util
 import json
 import os
@@ -146,6 +147,21 @@ def complete(replica, prompt="hello fleet"):
                                      headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=60) as answer:
         return json.load(answer)
+
+
+def stream_through_gateway(fleet, model, tokens):
+    """One streamed completion through the test's gateway: status, headers and the data of each SSE event."""
+    conn = http.client.HTTPConnection("127.0.0.1", fleet.gateway_port, timeout=60)
+    try:
+        conn.request("POST", "/v1/completions", body=json.dumps({
+            "model": model, "prompt": "hello fleet", "max_tokens": tokens, "stream": True}),
+            headers={"Authorization": "Bearer " + fleet.gateway_key, "Content-Type": "application/json"})
+        answer = conn.getresponse()
+        events = [line[len(b"data: "):].decode().strip() for line in iter(answer.readline, b"")
+                  if line.startswith(b"data: ")]
+        return answer.status, dict(answer.getheaders()), events
+    finally:
+        conn.close()
 
 
 def epoch(stamp):
@@ -280,6 +296,19 @@ def test_a_two_node_llama_cpp_replica_answers_a_completion(fleet, tmp_path):
     assert found.strip() == ""
     remote = fleet.ssh(leader["node"], "sha256sum /var/lib/llmgw/models/tiny-llama/tiny.gguf").stdout.split()[0]
     assert remote == digest
+    # Through the gateway, by model name: streamed as server-sent events, one event per token, not buffered whole.
+    status, headers, events = stream_through_gateway(fleet, "tiny-llama", 24)
+    assert status == 200 and headers.get("X-Llmgw-Replica") == "tiny-a", (status, headers)
+    assert headers.get("Content-Type", "").startswith("text/event-stream")
+    assert events[-1] == "[DONE]" and len(events) >= 10, events
+    # llama-server runs with --metrics: the leader's /metrics is what the gateway's file_sd targets list.
+    with urllib.request.urlopen("http://%s:%d/metrics" % (leader["address"], replica["port"]), timeout=30) as answer:
+        assert "llamacpp:" in answer.read().decode()
+    with open(fleet.gateway["gateway_targets_path"]) as handle:
+        targets = json.load(handle)
+    assert {"targets": ["%s:%d" % (leader["address"], replica["port"])],
+            "labels": {"job": "llmgw-replica", "model": "tiny-llama", "replica": "tiny-a", "node": leader["node"]}} \
+        in targets, targets
 
     ok(fleet.play("place_replica.yml", replica="tiny-a", state="absent"))
     assert fleet.replica("tiny-a") is None
@@ -361,6 +390,11 @@ def test_adoption_a_ready_replica_without_its_rank0_is_failed_and_replaced(fleet
     before = fleet.replica("coder-b")
     leader = before["shards"][0]["node"]
     fleet.ssh(leader, "sudo systemctl stop llmgw-shard-coder-b-0.service")
+    # Until reconcile runs the registry still says ready; the gateway's connection retry and health check already
+    # send the model's requests to the replica that can serve, coder-a.
+    load = Load(fleet.gateway_port, fleet.gateway_key, "sim-coder")
+    answered = [load.one() for _ in range(10)]
+    assert [(r["status"], r["replica"]) for r in answered] == [(200, "coder-a")] * 10, answered
     run = ok(fleet.play("reconcile.yml", node_lost_after=LOST_AFTER))
     (result,) = run.results("Record nodes seen and lost, fail the replicas that lost a node or a shard")
     (failed,) = result["failed_replicas"]
