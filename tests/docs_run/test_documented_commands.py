@@ -2,11 +2,12 @@
 run with --check, syntax-checked or listed, and why).
 
 The commands run with bash from the root of a scratch copy of the repository: every entry of the repository is
-linked there but ``inventories`` (copied) and ``.lab``, which holds links to the running lab's connection, keys and CA only, so the fleet state
-the commands make (registry, known_hosts, fleet CA, the gateway's files) starts empty and is the scratch copy's. The
-environment is a newcomer's inside ``make shell``: ``.venv/bin`` first on PATH, no ANSIBLE_COLLECTIONS_PATH (the
-root's ansible.cfg finds the collection). A command that fails fails its test, named by file and line. At the end
-the replicas and VMs the commands made are removed and the gateway they started is stopped.
+linked there but ``inventories`` (copied) and ``.lab``, which holds links to the running lab's connection, keys and
+CA only, so the fleet state the commands make (registry, known_hosts, fleet CA, the gateway's files) starts empty
+and is the scratch copy's. The environment is a newcomer's inside ``make shell``: ``.venv/bin`` first on PATH, no
+ANSIBLE_COLLECTIONS_PATH (the root's ansible.cfg finds the collection). A command that fails fails its test, named
+by file and line. At the end the replicas and VMs the commands made are removed and the gateway they started is
+stopped.
 
 The lab inventory's nodes (node01, node02: VMIDs 1101, 1102) and its gateway port (127.0.0.1:8000) are used, as the
 docs say: a VM of that name left by someone else is used and kept, and a port already taken fails the gateway's
