@@ -368,7 +368,7 @@ def render(fleet_routes: Routes, settings: Settings = Settings(), registry: Opti
                                  "give a path without control characters")
     lines = [HEADER] + ([REGISTRY_LINE + registry] if registry is not None else [])
     lines += ["#   served: %s" % (", ".join(served) or "none"),
-             "#   known, not servable now: %s" % (", ".join(unavailable) or "none")]
+              "#   known, not servable now: %s" % (", ".join(unavailable) or "none")]
     for entry in fleet_routes.excluded:
         lines.append("#   left out: %s (%s): %s" % (entry["replica"], entry["model"], entry["why"]))
     g = ["global"]

@@ -370,7 +370,10 @@ def memory_mib(value):
     raise ValueError("memory value %r has no size" % text)
 
 
-def _agent_enabled(value):
+def agent_enabled(value):
+    """PVE's ``agent`` property string (``1``, ``enabled=yes,fstrim_cloned_disks=1``...) says the guest agent is on.
+    ``enabled`` is its default key and a PVE boolean (1/yes/on/true), as qemu-server's agent format declares it; the
+    one reading of it for pve_vm's plan and wait_for_node."""
     if value is None:
         return False
     for part in str(value).split(","):
@@ -407,7 +410,7 @@ _COMPARATORS = {
     "cpu": (normalize_cpu, normalize_cpu),
     "cores": (_optional_int, int),
     "memory": (memory_mib, int),
-    "agent": (_agent_enabled, bool),
+    "agent": (agent_enabled, bool),
     "onboot": (_flag, bool),
     "ciuser": (_identity, _identity),
     "sshkeys": (lambda v: sshkey_set(decode_sshkeys(v)), sshkey_set),
@@ -431,7 +434,7 @@ def _shown(key, value, from_config):
     if key == "cpu":
         return normalize_cpu(value)
     if key == "agent":
-        return _agent_enabled(value) if from_config else bool(value)
+        return agent_enabled(value) if from_config else bool(value)
     if key == "onboot":
         return _flag(value) if from_config else bool(value)
     if value is None:

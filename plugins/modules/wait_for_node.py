@@ -178,6 +178,7 @@ import time
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.llmgw.fleet.plugins.module_utils import first_boot, host_keys
+from ansible_collections.llmgw.fleet.plugins.module_utils.vm_plan import agent_enabled
 from ansible_collections.llmgw.fleet.plugins.module_utils._proxmox_args import (
     PROXMOX_REQUIRED_TOGETHER,
     proxmox_argument_spec,
@@ -249,15 +250,6 @@ def record_key(wait, path, known_text, settled):
             return False
         write_text(wait.module, path, settled)
         return True
-
-
-def agent_enabled(value):
-    """PVE's ``agent`` property string (``1``, ``enabled=1,fstrim_cloned_disks=1``...) says the agent is on."""
-    for item in str(value or "0").split(","):
-        key, sep, setting = item.partition("=")
-        if (not sep and key.strip() == "1") or (sep and key.strip() == "enabled" and setting.strip() == "1"):
-            return True
-    return False
 
 
 class Wait:

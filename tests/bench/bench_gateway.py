@@ -133,7 +133,7 @@ def measure(report, lab, state, pairs):
         raise RuntimeError("%s is %s after place_replica, not ready" % (REPLICA, (replica or {}).get("state")))
     leader = (replica["shards"][0]["address"], replica["port"])
     log("set-up (gateway, 1 node, Gemma replica): %.0f s" % (time.monotonic() - began))
-    for _ in range(5):
+    for _warm in range(5):
         ask(*leader)
         ask("127.0.0.1", port, key)
     direct, through = [], []

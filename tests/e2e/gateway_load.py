@@ -61,7 +61,7 @@ class Load:
 
     def start(self) -> Load:
         self._deadline = time.time() + self.max_seconds
-        self._threads = [threading.Thread(target=self._client, daemon=True) for _ in range(self.clients)]
+        self._threads = [threading.Thread(target=self._client, daemon=True) for _client in range(self.clients)]
         for thread in self._threads:
             thread.start()
         return self

@@ -159,7 +159,7 @@ def stream_through_gateway(fleet, model, tokens):
         answer = conn.getresponse()
         events = [line[len(b"data: "):].decode().strip() for line in iter(answer.readline, b"")
                   if line.startswith(b"data: ")]
-        return answer.status, dict(answer.getheaders()), events
+        return answer.status, answer.headers, events  # an HTTPMessage: header names case-insensitive
     finally:
         conn.close()
 
@@ -298,7 +298,7 @@ def test_a_two_node_llama_cpp_replica_answers_a_completion(fleet, tmp_path):
     assert remote == digest
     # Through the gateway, by model name: streamed as server-sent events, one event per token, not buffered whole.
     status, headers, events = stream_through_gateway(fleet, "tiny-llama", 24)
-    assert status == 200 and headers.get("X-Llmgw-Replica") == "tiny-a", (status, headers)
+    assert status == 200 and headers.get("X-Llmgw-Replica") == "tiny-a", (status, dict(headers))
     assert headers.get("Content-Type", "").startswith("text/event-stream")
     assert events[-1] == "[DONE]" and len(events) >= 10, events
     # llama-server runs with --metrics: the leader's /metrics is what the gateway's file_sd targets list.
@@ -393,7 +393,7 @@ def test_adoption_a_ready_replica_without_its_rank0_is_failed_and_replaced(fleet
     # Until reconcile runs the registry still says ready; the gateway's connection retry and health check already
     # send the model's requests to the replica that can serve, coder-a.
     load = Load(fleet.gateway_port, fleet.gateway_key, "sim-coder")
-    answered = [load.one() for _ in range(10)]
+    answered = [load.one() for _request in range(10)]
     assert [(r["status"], r["replica"]) for r in answered] == [(200, "coder-a")] * 10, answered
     run = ok(fleet.play("reconcile.yml", node_lost_after=LOST_AFTER))
     (result,) = run.results("Record nodes seen and lost, fail the replicas that lost a node or a shard")
@@ -411,7 +411,7 @@ def test_adoption_a_ready_replica_without_its_rank0_is_failed_and_replaced(fleet
 
 def test_the_gateway_routes_by_model_to_ready_replicas_only(fleet):
     load = Load(fleet.gateway_port, fleet.gateway_key, "sim-coder")
-    answered = [load.one() for _ in range(6)]
+    answered = [load.one() for _request in range(6)]
     assert [r["status"] for r in answered] == [200] * 6, answered
     assert {r["replica"] for r in answered} == {"coder-a", "coder-b"}  # both Ready replicas of the model serve
     with open(fleet.gateway["gateway_config_path"]) as handle:

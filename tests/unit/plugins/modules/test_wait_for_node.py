@@ -4,6 +4,7 @@ import os
 
 import pytest
 
+from ansible_collections.llmgw.fleet.plugins.module_utils import vm_plan
 from ansible_collections.llmgw.fleet.plugins.modules import wait_for_node
 
 PARAMS = {"name": "node05", "port": 2222, "private_key_file": "/keys/fleet", "user": "debian"}
@@ -15,6 +16,10 @@ PARAMS = {"name": "node05", "port": 2222, "private_key_file": "/keys/fleet", "us
     ("enabled=1,fstrim_cloned_disks=1", True),
     ("fstrim_cloned_disks=1,enabled=1", True),
     ("1,type=virtio", True),
+    ("yes", True),
+    ("on", True),
+    ("enabled=true,fstrim_cloned_disks=1", True),
+    ("enabled=no", False),
     ("0", False),
     ("enabled=0,fstrim_cloned_disks=1", False),
     ("fstrim_cloned_disks=1", False),
@@ -22,6 +27,8 @@ PARAMS = {"name": "node05", "port": 2222, "private_key_file": "/keys/fleet", "us
     (None, False),
 ])
 def test_agent_enabled_reads_the_property_string(value, enabled):
+    """wait_for_node reads the property as pve_vm's plan does: one function (it answered False for yes/on/true)."""
+    assert wait_for_node.agent_enabled is vm_plan.agent_enabled
     assert wait_for_node.agent_enabled(value) is enabled
 
 
