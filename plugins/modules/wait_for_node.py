@@ -178,7 +178,6 @@ import time
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.llmgw.fleet.plugins.module_utils import first_boot, host_keys
-from ansible_collections.llmgw.fleet.plugins.module_utils.vm_plan import agent_enabled
 from ansible_collections.llmgw.fleet.plugins.module_utils._proxmox_args import (
     PROXMOX_REQUIRED_TOGETHER,
     proxmox_argument_spec,
@@ -196,6 +195,7 @@ from ansible_collections.llmgw.fleet.plugins.module_utils.proxmox_errors import 
     Timeout,
     VMNotRunning,
 )
+from ansible_collections.llmgw.fleet.plugins.module_utils.vm_plan import agent_enabled
 
 HOST_KEY_FILE = "/etc/ssh/ssh_host_ed25519_key.pub"
 POLL_S = 2
