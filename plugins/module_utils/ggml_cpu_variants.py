@@ -59,12 +59,17 @@ VARIANTS = {
 # What a Proxmox VE guest of each x86-64 CPU model is expected to load (REFERENCE.md, checked by predict()).
 PVE_CPU_MODEL_VARIANT = {
     "kvm64": "x64",
+    "kvm32": "x64",
     "qemu64": "x64",
+    "qemu32": "x64",
     "x86-64-v2": "sse42",
     "x86-64-v2-AES": "sse42",
     "x86-64-v3": "haswell",
     "x86-64-v4": "skylakex",
 }
+# Variants without AVX2 and FMA: llama.cpp's generation and prompt processing run several times slower on them
+# (vm_plan refuses the CPU models that lead there unless allowed).
+SLOW_VARIANTS = ("x64", "sse42")
 
 _LOADED_RE = re.compile(r"load_backend: loaded CPU backend from (\S+)")
 _VARIANT_FILE_RE = re.compile(r"(?:^|/)libggml-cpu-([A-Za-z0-9_.]+?)\.so(?:\.\d+)*$")

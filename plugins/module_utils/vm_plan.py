@@ -13,6 +13,8 @@ import ipaddress
 from collections import namedtuple
 from urllib.parse import quote, unquote
 
+from ansible_collections.llmgw.fleet.plugins.module_utils.ggml_cpu_variants import PVE_CPU_MODEL_VARIANT, SLOW_VARIANTS
+
 DEFAULT_VMID_BASE = 1000
 MIN_VMID = 100  # pve_verify_vmid: ^[1-9][0-9]{2,8}$
 MAX_VMID = 999999999
@@ -21,14 +23,8 @@ DEFAULT_CLOUDINIT_SLOT = "ide2"
 
 # What llama.cpp's CPU backend loader picks under each slow model: it scores every libggml-cpu-*.so and a
 # variant scores 0 when a feature it was built for is missing (ggml-backend-reg.cpp, cpu-feats.cpp).
-SLOW_CPU_VARIANTS = {
-    "kvm64": "x64",
-    "kvm32": "x64",
-    "qemu64": "x64",
-    "qemu32": "x64",
-    "x86-64-v2": "sse42",
-    "x86-64-v2-AES": "sse42",
-}
+# The CPU models whose guests load a slow variant: one table of models (ggml_cpu_variants), not two.
+SLOW_CPU_VARIANTS = {model: variant for model, variant in PVE_CPU_MODEL_VARIANT.items() if variant in SLOW_VARIANTS}
 # Measured on one VM, same weights and threads, the only change being cpu: host (the project's seed).
 SLOW_GENERATION_FACTOR = "6.7x"
 SLOW_PROMPT_FACTOR = "18.9x"

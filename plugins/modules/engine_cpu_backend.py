@@ -130,11 +130,11 @@ engine_error:
 import glob
 import os
 import re
-import subprocess
 
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.llmgw.fleet.plugins.module_utils import ggml_cpu_variants as gcv
+from ansible_collections.llmgw.fleet.plugins.module_utils.engines import runtime
 
 
 def shipped_variants(engine_dir):
@@ -147,15 +147,12 @@ def shipped_variants(engine_dir):
 
 def probe(binary, args, timeout):
     """(output, error): what the engine printed, or why it could not run."""
-    try:
-        # cwd "/": llama.cpp also searches the current directory for backends; keep stray copies out.
-        done = subprocess.run([binary] + list(args), capture_output=True, text=True, timeout=timeout, cwd="/",
-                              stdin=subprocess.DEVNULL, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return None, str(exc)
-    output = done.stdout + done.stderr
-    if done.returncode != 0 and "load_backend" not in output:
-        return None, "%s exited with status %d: %s" % (binary, done.returncode, output.strip()[-300:])
+    returncode, stdout, stderr, error = runtime.run_binary([binary] + list(args), timeout)
+    if error:
+        return None, error
+    output = stdout + stderr
+    if returncode != 0 and "load_backend" not in output:
+        return None, "%s exited with status %d: %s" % (binary, returncode, output.strip()[-300:])
     return output, None
 
 

@@ -90,11 +90,10 @@ help_lines:
 
 import os
 import shlex
-import subprocess
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.llmgw.fleet.plugins.module_utils.engines import flag_check, get_engine, launcher
+from ansible_collections.llmgw.fleet.plugins.module_utils.engines import flag_check, get_engine, launcher, runtime
 
 
 def resolve(argv, engine_dir):
@@ -105,15 +104,13 @@ def resolve(argv, engine_dir):
 
 def run(argv, timeout):
     """(text, error): stdout, or stderr when the program printed its help there; minus backend log lines."""
-    try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
-                              check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return None, "%s: %s" % (" ".join(argv), exc)
-    text = done.stdout if done.stdout.strip() else done.stderr
+    returncode, stdout, stderr, error = runtime.run_binary(argv, timeout)
+    if error:
+        return None, "%s: %s" % (" ".join(argv), error)
+    text = stdout if stdout.strip() else stderr
     lines = [line for line in text.splitlines(True) if "load_backend:" not in line]
-    if done.returncode != 0 and not lines:
-        return None, "%s exited with status %d: %s" % (" ".join(argv), done.returncode, done.stderr.strip()[-300:])
+    if returncode != 0 and not lines:
+        return None, "%s exited with status %d: %s" % (" ".join(argv), returncode, stderr.strip()[-300:])
     return "".join(lines), None
 
 

@@ -79,7 +79,6 @@ ran:
 import glob
 import os
 import shutil
-import subprocess
 
 from ansible.module_utils.basic import AnsibleModule
 
@@ -87,20 +86,15 @@ from ansible_collections.llmgw.fleet.plugins.module_utils.engines import runtime
 
 
 def ldd(path):
-    try:
-        done = subprocess.run(["ldd", path], capture_output=True, text=True, timeout=60, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return ""
-    return done.stdout + done.stderr
+    ran = runtime.run_binary(["ldd", path], 60)
+    return "" if ran[3] else ran[1] + ran[2]
 
 
 def run_binary(path, args, timeout):
-    try:
-        done = subprocess.run([path] + list(args), capture_output=True, text=True, timeout=timeout, cwd="/",
-                              stdin=subprocess.DEVNULL, check=False)
-    except subprocess.TimeoutExpired:
-        return None, "", "timed out after %d s" % timeout
-    return done.returncode, done.stdout, done.stderr
+    returncode, stdout, stderr, error = runtime.run_binary([path] + list(args), timeout)
+    if error:
+        return None, "", error
+    return returncode, stdout, stderr
 
 
 def main():

@@ -1,5 +1,6 @@
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Why an engine binary will not start, from ``ldd`` output and from running it. Pure: text and codes in.
+"""Why an engine binary will not start, from ``ldd`` output and from running it. Pure (text and codes in) but for
+:func:`run_binary`, the one way the engine modules run a binary.
 
 A missing shared library is named with the Debian package that provides it (libgomp.so.1 -> libgomp1); a binary
 killed by a signal is named with the signal and what it usually means here (SIGILL: an instruction this CPU, or
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import re
 import signal
+import subprocess
 
 # Shared libraries llama.cpp's Linux builds link against, and the Debian 12 packages that ship them.
 DEBIAN_PACKAGES = {
@@ -139,3 +141,18 @@ def merge_missing(problems):
                else "find the package that ships it (apt-file search %s)" % library)
         entry["message"] = "%s is not installed (needed by %s): %s" % (library, ", ".join(entry["files"]), fix)
     return merged
+
+
+def run_binary(argv, timeout):
+    """Run one engine binary the way every engine check does (I/O: the one subprocess helper of the engine
+    modules): no stdin, and cwd ``/``, since llama.cpp also loads backends from the current directory and a stray
+    copy there would change what is checked. ``(returncode, stdout, stderr, error)``: returncode None and error
+    set when it could not start or ran past ``timeout`` seconds."""
+    try:
+        done = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, cwd="/",
+                              stdin=subprocess.DEVNULL, check=False)
+    except subprocess.TimeoutExpired:
+        return None, "", "", "timed out after %s s" % timeout
+    except OSError as exc:
+        return None, "", "", str(exc)
+    return done.returncode, done.stdout, done.stderr, None

@@ -67,3 +67,18 @@ def test_one_missing_library_needed_by_many_files_is_reported_once_naming_them_a
                                   "ggml-rpc-server"]
     assert merged[0]["message"].startswith("libgomp.so.1 is not installed (needed by libggml-cpu-haswell.so")
     assert merged[0]["message"].endswith("(apt-get install libgomp1)")
+
+
+def test_run_binary_runs_in_root_without_stdin_and_says_why_it_could_not(tmp_path):
+    """The one subprocess helper of the engine modules: cwd / (llama.cpp also loads backends from the current
+    directory), no stdin, a missing binary or a timeout as an error rather than an exception."""
+    script = tmp_path / "engine"
+    script.write_text("#!/bin/sh\npwd\nread line || echo no-stdin >&2\nexit 3\n")
+    script.chmod(0o755)
+    assert runtime.run_binary([str(script)], 10) == (3, "/\n", "no-stdin\n", None)
+    returncode, stdout, stderr, error = runtime.run_binary([str(tmp_path / "missing")], 10)
+    assert returncode is None and "No such file" in error
+    slow = tmp_path / "slow"
+    slow.write_text("#!/bin/sh\nsleep 5\n")
+    slow.chmod(0o755)
+    assert runtime.run_binary([str(slow)], 1) == (None, "", "", "timed out after 1 s")

@@ -35,8 +35,8 @@ def test_predict_the_variant_llama_cpp_loads(flags, expected):
 
 
 def test_every_proxmox_model_in_the_table_predicts_its_variant():
-    flags = {"kvm64": KVM64, "qemu64": KVM64, "x86-64-v2": X86_64_V2, "x86-64-v2-AES": X86_64_V2_AES,
-             "x86-64-v3": X86_64_V3, "x86-64-v4": X86_64_V4}
+    flags = {"kvm64": KVM64, "kvm32": KVM64, "qemu64": KVM64, "qemu32": KVM64, "x86-64-v2": X86_64_V2,
+             "x86-64-v2-AES": X86_64_V2_AES, "x86-64-v3": X86_64_V3, "x86-64-v4": X86_64_V4}
     for model, variant in gcv.PVE_CPU_MODEL_VARIANT.items():
         assert gcv.predict(flags[model])["variant"] == variant, model
 
@@ -142,3 +142,13 @@ def test_an_engine_shipping_only_x64_on_a_capable_cpu_is_refused_for_what_it_shi
     assert verdict["refused"] and verdict["missing"] == {}
     assert "ships only x64" in verdict["message"] and "sapphirerapids" in verdict["message"]
     assert "GGML_CPU_ALL_VARIANTS" in verdict["message"]
+
+
+def test_vm_plan_refuses_the_models_this_table_calls_slow():
+    """One table of Proxmox CPU models: vm_plan's slow models are the ones whose variant lacks AVX2 and FMA."""
+    from ansible_collections.llmgw.fleet.plugins.module_utils import vm_plan
+
+    assert vm_plan.SLOW_CPU_VARIANTS == {"kvm64": "x64", "kvm32": "x64", "qemu64": "x64", "qemu32": "x64",
+                                         "x86-64-v2": "sse42", "x86-64-v2-AES": "sse42"}
+    for variant in gcv.SLOW_VARIANTS:
+        assert not {"AVX2", "FMA"} <= set(gcv.VARIANTS[variant])
