@@ -15,7 +15,10 @@ shard units run there. From them:
 - a replica recorded ``ready`` whose nodes were all reached but which runs fewer shards than its shard count is
   failed too ("adoption": a crash, a reboot, a controller that lost track) and relaunched whole on its
   placement, its surviving shards stopped first. It is never left ``ready`` with a shard missing -- the bug where
-  a restarted control plane adopted half of a two-node replica whose missing half was rank 0.
+  a restarted control plane adopted half of a two-node replica whose missing half was rank 0;
+- a replica recorded ``ready``, every shard running, whose leader failed ``/health`` in ``unhealthy_after``
+  reconcile runs in a row (a hung leader: its unit active, its port open, no answer) is failed and relaunched whole
+  on its placement. The count is kept in the replica's reasons and cleared by the first answer.
 
 Replicas still being launched (``placing``, ``starting``) and ``failed`` ones are left to whoever launches them.
 """
@@ -31,6 +34,9 @@ from ansible_collections.llmgw.fleet.plugins.module_utils.placement import LIVE_
 from ansible_collections.llmgw.fleet.plugins.module_utils.replica_plan import UNIT_PREFIX, unit_name
 
 DEFAULT_LOST_AFTER = 60
+DEFAULT_UNHEALTHY_AFTER = 3
+UNHEALTHY_PREFIX = "leader failed /health in "
+_UNHEALTHY_RE = re.compile(r"^%s(\d+) reconcile run" % re.escape(UNHEALTHY_PREFIX))
 # Only units this collection names (replica_plan.unit_name), never another unit that shares the prefix.
 _SHARD_UNIT_RE = re.compile(r"^%s-[a-z0-9]([a-z0-9-]{0,40}[a-z0-9])?-\d+\.service$" % UNIT_PREFIX)
 # The reasons reconcile gives a node it declares lost; a node lost for any other reason (set by hand) is not
@@ -103,12 +109,45 @@ def lost_by_reconcile(node: Mapping) -> bool:
     return node["state"] == "lost" and bool(reasons) and str(reasons[0]).startswith(LOST_BY_RECONCILE)
 
 
-def replica_verdicts(replicas: Sequence[Mapping], node_states: Mapping[str, str],
-                     probes: Mapping[str, Mapping]) -> List[dict]:
-    """Replicas to fail: ``{name, kind: lost|short, reason, running, missing}``.
+def unhealthy_runs(replica: Mapping) -> int:
+    """How many reconcile runs in a row the replica's leader failed ``/health`` (0 when it answered last)."""
+    reasons = replica.get("reasons") or []
+    match = _UNHEALTHY_RE.match(str(reasons[0])) if reasons else None
+    return int(match.group(1)) if match else 0
 
-    ``node_states`` are the nodes' states after :func:`node_verdicts` was applied.
+
+def health_verdicts(replicas: Sequence[Mapping], health: Mapping[str, Mapping],
+                    unhealthy_after: int = DEFAULT_UNHEALTHY_AFTER) -> Dict[str, dict]:
+    """Per ready replica whose leader was asked this run (``health``: ``{replica: {ok, error}}``):
+    ``{runs, reasons, relaunch}``. ``runs`` counts the failed runs in a row, this one included (0 after an
+    answer); ``reasons`` is what to record while it stays ready; ``relaunch`` is true once ``runs`` reaches
+    ``unhealthy_after``. A replica whose count does not change is left out."""
+    out = {}
+    for replica in replicas:
+        asked = health.get(replica["name"])
+        if asked is None or replica.get("state") != "ready":
+            continue
+        before = unhealthy_runs(replica)
+        if asked.get("ok"):
+            if before:
+                out[replica["name"]] = {"runs": 0, "reasons": [], "relaunch": False}
+            continue
+        runs = before + 1
+        error = str(asked.get("error") or "no answer")[:200]
+        reason = "%s%d reconcile run%s in a row (relaunched at %d): %s" % (
+            UNHEALTHY_PREFIX, runs, "" if runs == 1 else "s", unhealthy_after, error)
+        out[replica["name"]] = {"runs": runs, "reasons": [reason], "relaunch": runs >= unhealthy_after}
+    return out
+
+
+def replica_verdicts(replicas: Sequence[Mapping], node_states: Mapping[str, str],
+                     probes: Mapping[str, Mapping], unhealthy: Sequence[str] = ()) -> List[dict]:
+    """Replicas to fail: ``{name, kind: lost|short|unhealthy, reason, running, missing}``.
+
+    ``node_states`` are the nodes' states after :func:`node_verdicts` was applied; ``unhealthy`` names the
+    replicas :func:`health_verdicts` says to relaunch (failed only when nothing else is wrong with them).
     """
+    reasons = {r["name"]: (r.get("reasons") or [""])[0] for r in replicas}
     out = []
     for replica in replicas:
         shards = replica.get("shards") or []
@@ -137,6 +176,9 @@ def replica_verdicts(replicas: Sequence[Mapping], node_states: Mapping[str, str]
                             len(running), replica["shard_count"],
                             ", ".join("rank %d on %s" % (s["rank"], s["node"]) for s in missing)),
                         "running": [s["rank"] for s in running], "missing": [s["rank"] for s in missing]})
+        elif replica["name"] in unhealthy:
+            out.append({"name": replica["name"], "kind": "unhealthy", "reason": reasons[replica["name"]],
+                        "running": [s["rank"] for s in running], "missing": []})
     return out
 
 

@@ -19,6 +19,8 @@ description:
   - Reads only; changes nothing.
 version_added: 0.1.0
 author: llmgw.fleet developers (@llmgw)
+extends_documentation_fragment:
+  - llmgw.fleet.attributes
 options:
   engine:
     description: The engine whose flags to check.
@@ -39,12 +41,11 @@ options:
     default: 60
 attributes:
   check_mode:
-    description: Can run in check mode and return changed status prediction without modifying target.
     support: full
     details: Reads only; runs the same in check mode.
   diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in check mode), when in diff mode.
-    support: none
+    support: N/A
+    details: Changes nothing, so there is nothing to diff.
 """
 
 EXAMPLES = r"""

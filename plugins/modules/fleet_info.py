@@ -19,6 +19,7 @@ description:
 extends_documentation_fragment:
   - llmgw.fleet.attributes
   - llmgw.fleet.attributes.INFO_MODULE
+  - llmgw.fleet.registry
 author:
   - llmgw.fleet developers (@llmgw)
 options:
@@ -37,11 +38,6 @@ options:
     description: Also return this many of the most recent registry events (state changes, placements).
     type: int
     default: 0
-  db:
-    description:
-      - Path of the registry database. Defaults to E(LLMGW_FLEET_DB), then C($XDG_DATA_HOME/llmgw/fleet.db),
-        then C(~/.local/share/llmgw/fleet.db).
-    type: path
 seealso:
   - module: llmgw.fleet.fleet_node
   - module: llmgw.fleet.fleet_replica

@@ -15,6 +15,16 @@ description:
   - The registry lives on the controller, so run this module there (set C(delegate_to) to C(localhost), or use a play on
     C(localhost)).
   - Every change is one transaction; concurrent playbooks wait for each other (busy timeout) rather than fail.
+extends_documentation_fragment:
+  - llmgw.fleet.attributes
+  - llmgw.fleet.registry
+attributes:
+  check_mode:
+    support: full
+    details: The change runs against an in-memory copy of the registry, so it is checked exactly.
+  diff_mode:
+    support: full
+    details: The node's recorded fields before and after.
 author:
   - llmgw.fleet developers (@llmgw)
 options:
@@ -75,14 +85,7 @@ options:
   last_seen:
     description: When the node was last seen, C(now) or an ISO 8601 time (stored in UTC).
     type: str
-  db:
-    description:
-      - Path of the registry database. Defaults to E(LLMGW_FLEET_DB), then C($XDG_DATA_HOME/llmgw/fleet.db),
-        then C(~/.local/share/llmgw/fleet.db).
-    type: path
 notes:
-  - Supports check mode (the change runs against an in-memory copy of the registry, so it is checked exactly)
-    and diff mode.
   - O(last_seen=now) changes the record on every run, so it reports C(changed).
 seealso:
   - module: llmgw.fleet.fleet_replica

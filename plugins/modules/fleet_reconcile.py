@@ -25,10 +25,23 @@ description:
   - A replica recorded C(ready) whose nodes were all reached but which runs fewer shards than its shard count
     is recorded C(failed) and returned to be relaunched whole on its placement, after every shard it still runs
     is stopped. It is never left C(ready) with a shard missing.
+  - A replica recorded C(ready), every shard running, whose leader failed C(/health) (O(health)) in
+    O(unhealthy_after) runs in a row -- a hung leader, its unit active and no answer -- is recorded C(failed) and
+    relaunched whole the same way. The count is kept in the replica's reasons; an answer clears it.
   - Replicas being launched (C(placing), C(starting)) or already C(failed) are left alone unless a node of
     theirs is lost.
   - Run it on the controller; C(playbooks/reconcile.yml) probes the nodes, runs this, stops the reaped shards
     and launches the replacements.
+extends_documentation_fragment:
+  - llmgw.fleet.attributes
+  - llmgw.fleet.registry
+attributes:
+  check_mode:
+    support: full
+    details: The verdicts are computed against an in-memory copy of the registry.
+  diff_mode:
+    support: none
+    details: Returns no diff; what it records is in RV(nodes) and RV(failed_replicas).
 author:
   - llmgw.fleet developers (@llmgw)
 options:
@@ -44,16 +57,21 @@ options:
     description: Seconds a node may go unseen before it is lost.
     type: int
     default: 60
+  health:
+    description:
+      - What each ready replica's leader answered on C(/health) this run, C({replica, ok, error}). Replicas not
+        listed are not judged on their health.
+    type: list
+    elements: dict
+    default: []
+  unhealthy_after:
+    description: Runs in a row a leader may fail C(/health) before its replica is relaunched.
+    type: int
+    default: 3
   now:
     description: The time of the probe (ISO 8601); defaults to the current time.
     type: str
-  db:
-    description:
-      - Path of the registry database. Defaults to E(LLMGW_FLEET_DB), then C($XDG_DATA_HOME/llmgw/fleet.db),
-        then C(~/.local/share/llmgw/fleet.db).
-    type: path
 notes:
-  - Supports check mode (the verdicts are computed against an in-memory copy of the registry).
   - C(changed) reports node state changes and failed replicas, not the C(last_seen) times it refreshes.
 seealso:
   - module: llmgw.fleet.fleet_replica
@@ -86,7 +104,8 @@ lost_nodes:
 failed_replicas:
   description:
     - Replicas this pass failed, C({name, kind, reason, action, placed, fabric, shards, reaped_shards}); C(kind)
-      is C(lost) (a node lost) or C(short) (fewer shards running than it has); C(action) is the solver's
+      is C(lost) (a node lost), C(short) (fewer shards running than it has) or C(unhealthy) (its leader failed
+      C(/health) O(unhealthy_after) runs in a row); C(action) is the solver's
       (C(repair), C(move), C(fail)) or C(relaunch); C(reaped_shards) (C({rank, node, address, unit})) must be
       stopped.
   returned: always
@@ -136,7 +155,16 @@ def _stoppable(name, shards):
              "unit": replica_plan.unit_name(name, s["rank"])} for s in shards]
 
 
-def _apply(registry, probes, lost_after, now):
+def _health(raw):
+    health = {}
+    for entry in raw:
+        if not entry.get("replica"):
+            raise fleet_registry.RegistryConflict("each health answer needs a replica: %r" % (entry,))
+        health[entry["replica"]] = {"ok": bool(entry.get("ok")), "error": entry.get("error")}
+    return health
+
+
+def _apply(registry, probes, lost_after, now, health=None, unhealthy_after=reconcile.DEFAULT_UNHEALTHY_AFTER):
     stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
     changed = False
     with registry.transaction():
@@ -158,8 +186,13 @@ def _apply(registry, probes, lost_after, now):
                 registry.put_node(name, state="lost", reasons=reconcile.lost_reasons(nodes[name], verdict["reason"]))
                 changed = True
         states = {n["name"]: n["state"] for n in registry.list_nodes()}
+        counted = reconcile.health_verdicts(registry.list_replicas(), health or {}, unhealthy_after)
+        for name, verdict in sorted(counted.items()):
+            registry.put_replica(name, reasons=verdict["reasons"])
+            changed = True
+        unhealthy = [name for name, verdict in counted.items() if verdict["relaunch"]]
         failed, relaunch = [], []
-        for found in reconcile.replica_verdicts(registry.list_replicas(), states, probes):
+        for found in reconcile.replica_verdicts(registry.list_replicas(), states, probes, unhealthy):
             name = found["name"]
             before = registry.get_replica(name)
             registry.put_replica(name, state="failed", reasons=[found["reason"]])
@@ -206,6 +239,8 @@ def main():
         argument_spec=dict(
             probes=dict(type="list", elements="dict", required=True),
             node_lost_after=dict(type="int", default=reconcile.DEFAULT_LOST_AFTER),
+            health=dict(type="list", elements="dict", default=[]),
+            unhealthy_after=dict(type="int", default=reconcile.DEFAULT_UNHEALTHY_AFTER),
             now=dict(type="str"),
             db=dict(type="path"),
         ),
@@ -219,8 +254,13 @@ def main():
     except fleet_registry.RegistryError as exc:
         module.fail_json(msg=str(exc))
     try:
+        if params["unhealthy_after"] < 1:
+            raise fleet_registry.RegistryConflict(
+                "unhealthy_after must be at least 1 (got %d): the runs in a row a leader may fail /health"
+                % params["unhealthy_after"])
         verdicts, failed, relaunch, stale, changed = _apply(registry, _probes(params["probes"]),
-                                                            params["node_lost_after"], now)
+                                                            params["node_lost_after"], now,
+                                                            _health(params["health"]), params["unhealthy_after"])
     except (fleet_registry.RegistryError, placement.PlacementError) as exc:
         module.fail_json(msg=str(exc), db=registry.path)
     finally:

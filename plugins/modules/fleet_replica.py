@@ -20,6 +20,17 @@ description:
     returned in RV(reaped_shards).
   - Every invariant is checked on write; a violating O(assignment) fails the task and records nothing.
   - Run it on the controller (set C(delegate_to) to C(localhost), or use a play on C(localhost)).
+extends_documentation_fragment:
+  - llmgw.fleet.attributes
+  - llmgw.fleet.registry
+attributes:
+  check_mode:
+    support: full
+    details: The change runs against an in-memory copy of the registry, so a check-mode placement is the
+      placement a real run would make, unless the fleet changes in between.
+  diff_mode:
+    support: full
+    details: The replica's recorded fields and its shards before and after.
 author:
   - llmgw.fleet developers (@llmgw)
 options:
@@ -97,14 +108,6 @@ options:
     description: Set the state of every shard of the replica (before O(shard_status), which may then differ).
     type: str
     choices: [pending, starting, active, failed]
-  db:
-    description:
-      - Path of the registry database. Defaults to E(LLMGW_FLEET_DB), then C($XDG_DATA_HOME/llmgw/fleet.db),
-        then C(~/.local/share/llmgw/fleet.db).
-    type: path
-notes:
-  - Supports check mode (the change runs against an in-memory copy of the registry, so a check-mode placement
-    is the placement a real run would make, unless the fleet changes in between) and diff mode.
 seealso:
   - module: llmgw.fleet.fleet_node
   - module: llmgw.fleet.fleet_info

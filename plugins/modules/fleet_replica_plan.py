@@ -16,6 +16,16 @@ description:
   - Chooses the replica's port -- the recorded one unless another replica on one of its nodes holds it -- and
     records it; that is the only change it makes.
   - Run it on the controller (set C(delegate_to) to C(localhost), or use a play on C(localhost)).
+extends_documentation_fragment:
+  - llmgw.fleet.attributes
+  - llmgw.fleet.registry
+attributes:
+  check_mode:
+    support: full
+    details: The port is chosen against an in-memory copy of the registry.
+  diff_mode:
+    support: none
+    details: Returns no diff; the port it records is in RV(replica).
 author:
   - llmgw.fleet developers (@llmgw)
 options:
@@ -44,13 +54,6 @@ options:
     description: The first port a replica without a free recorded port is given (ports go in pairs).
     type: int
     default: 8080
-  db:
-    description:
-      - Path of the registry database. Defaults to E(LLMGW_FLEET_DB), then C($XDG_DATA_HOME/llmgw/fleet.db),
-        then C(~/.local/share/llmgw/fleet.db).
-    type: path
-notes:
-  - Supports check mode (the port is chosen against an in-memory copy of the registry).
 seealso:
   - module: llmgw.fleet.fleet_replica
 """

@@ -149,6 +149,25 @@ def complete(replica, prompt="hello fleet"):
         return json.load(answer)
 
 
+def wait_for_server_state(fleet, backend, server, state, timeout=60):
+    """Until the test gateway's runtime API (``show stat``) reports ``server`` of ``backend`` in ``state``."""
+    deadline, seen = time.time() + timeout, None
+    while time.time() < deadline:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(5)
+            sock.connect(fleet.gateway["gateway_stats_socket"])
+            sock.sendall(b"show stat\n")
+            data = b"".join(iter(lambda: sock.recv(65536), b"")).decode()
+        lines = data.splitlines()
+        columns = lines[0][2:].split(",")
+        rows = [dict(zip(columns, line.split(","))) for line in lines[1:] if line]
+        seen = next((r["status"] for r in rows if r["pxname"] == backend and r["svname"] == server), None)
+        if seen == state:
+            return
+        time.sleep(1)
+    raise AssertionError("%s/%s is %s, not %s, after %d s" % (backend, server, seen, state, timeout))
+
+
 def stream_through_gateway(fleet, model, tokens):
     """One streamed completion through the test's gateway: status, headers and the data of each SSE event."""
     conn = http.client.HTTPConnection("127.0.0.1", fleet.gateway_port, timeout=60)
@@ -406,6 +425,33 @@ def test_adoption_a_ready_replica_without_its_rank0_is_failed_and_replaced(fleet
     assert any(d.startswith("ready -> failed: runs 1 of its 2 shards") for d in states), states
     after = fleet.replica("coder-b")
     assert after["state"] == "ready" and after["shards"] == before["shards"]
+    assert complete(after)["choices"][0]["text"].startswith("sim coder-b rank0+1:")
+
+
+def test_a_hung_leader_is_relaunched_after_unhealthy_after_runs_and_the_gateway_routes_around_it(fleet):
+    """coder-b's leader stopped with SIGSTOP: its unit stays active and its port accepts connections, but /health
+    never answers. reconcile counts it run by run (the replica stays ready meanwhile, the gateway's health check
+    already sends the model's requests to coder-a) and relaunches it whole at unhealthy_after."""
+    before = fleet.replica("coder-b")
+    leader = before["shards"][0]["node"]
+    fleet.ssh(leader, "sudo kill -STOP $(systemctl show -p MainPID --value llmgw-shard-coder-b-0.service)")
+    results = []
+    for _run in range(3):
+        run = ok(fleet.play("reconcile.yml", node_lost_after=LOST_AFTER, unhealthy_after=3))
+        (result,) = run.results("Record nodes seen and lost, fail the replicas that lost a node or a shard")
+        results.append(result)
+        if result["failed_replicas"]:
+            break
+        assert fleet.replica("coder-b")["state"] == "ready"
+        wait_for_server_state(fleet, "model_sim-coder", "coder-b", "DOWN")  # the health check's own verdict
+        load = Load(fleet.gateway_port, fleet.gateway_key, "sim-coder")
+        assert {(r["status"], r["replica"]) for r in [load.one() for _request in range(4)]} == {(200, "coder-a")}
+    assert [len(r["failed_replicas"]) for r in results] == [0, 0, 1]
+    (failed,) = results[-1]["failed_replicas"]
+    assert failed["name"] == "coder-b" and failed["kind"] == "unhealthy" and failed["action"] == "relaunch"
+    assert failed["reason"].startswith("leader failed /health in 3 reconcile runs in a row (relaunched at 3)")
+    after = fleet.replica("coder-b")
+    assert after["state"] == "ready" and after["shards"] == before["shards"] and after["reasons"] == []
     assert complete(after)["choices"][0]["text"].startswith("sim coder-b rank0+1:")
 
 

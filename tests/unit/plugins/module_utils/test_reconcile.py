@@ -110,3 +110,45 @@ def test_stale_units_are_the_shard_units_no_recorded_shard_places_on_that_node()
     assert reconcile.stale_units("n2", found, replicas) == expected
     assert reconcile.stale_units("n4", units("coder-a", [1]), replicas) == []
     assert reconcile.stale_units("n4", [], replicas) == []
+
+
+def test_a_leader_failing_health_is_counted_run_by_run_and_relaunched_at_the_threshold():
+    """A hung leader (unit active, port open, no /health answer): counted in its reasons, cleared by an answer,
+    relaunched whole at unhealthy_after runs in a row."""
+    hung = replica("a", ["n1", "n2"])
+    first = reconcile.health_verdicts([hung], {"a": {"ok": False, "error": "timed out"}}, unhealthy_after=3)
+    assert first == {"a": {"runs": 1, "relaunch": False, "reasons": [
+        "leader failed /health in 1 reconcile run in a row (relaunched at 3): timed out"]}}
+    hung["reasons"] = first["a"]["reasons"]
+    assert reconcile.unhealthy_runs(hung) == 1
+    second = reconcile.health_verdicts([hung], {"a": {"ok": False}}, unhealthy_after=3)["a"]
+    assert second["runs"] == 2 and not second["relaunch"] and "2 reconcile runs in a row" in second["reasons"][0]
+    hung["reasons"] = second["reasons"]
+    third = reconcile.health_verdicts([hung], {"a": {"ok": False, "error": "timed out"}}, unhealthy_after=3)["a"]
+    assert third["runs"] == 3 and third["relaunch"]
+    hung["reasons"] = third["reasons"]
+    probes = {"n1": {"reachable": True, "active_units": units("a", [0])},
+              "n2": {"reachable": True, "active_units": units("a", [1])}}
+    (found,) = reconcile.replica_verdicts([hung], {"n1": "ready", "n2": "ready"}, probes, unhealthy=["a"])
+    assert found == {"name": "a", "kind": "unhealthy", "running": [0, 1], "missing": [],
+                     "reason": "leader failed /health in 3 reconcile runs in a row (relaunched at 3): timed out"}
+
+
+def test_an_answer_clears_the_count_and_only_ready_replicas_asked_are_counted():
+    counted = dict(replica("a", ["n1"]), reasons=[
+        "leader failed /health in 2 reconcile runs in a row (relaunched at 3): timed out"])
+    starting = replica("b", ["n1"], state="starting")
+    healthy = replica("c", ["n1"])
+    verdicts = reconcile.health_verdicts([counted, starting, healthy], {
+        "a": {"ok": True}, "b": {"ok": False}, "c": {"ok": True}})
+    assert verdicts == {"a": {"runs": 0, "reasons": [], "relaunch": False}}
+    assert reconcile.unhealthy_runs(healthy) == 0
+    assert reconcile.unhealthy_runs(dict(healthy, reasons=["something else"])) == 0
+
+
+def test_a_replica_short_of_a_shard_is_short_not_unhealthy():
+    probes = {"n1": {"reachable": True, "active_units": []},
+              "n2": {"reachable": True, "active_units": units("a", [1])}}
+    (found,) = reconcile.replica_verdicts([replica("a", ["n1", "n2"])], {"n1": "ready", "n2": "ready"}, probes,
+                                          unhealthy=["a"])
+    assert found["kind"] == "short"

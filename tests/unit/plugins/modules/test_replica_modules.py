@@ -142,3 +142,41 @@ def test_a_node_just_registered_and_briefly_unreachable_at_the_first_reconcile_s
                      {"probes": probe, "node_lost_after": 0, "now": "2099-01-01T00:00:00Z"})
     assert later["lost_nodes"] == ["node09"]
     assert "never seen, registered %s" % registered in later["nodes"]["node09"]["reason"]
+
+
+def test_a_hung_leader_is_counted_run_by_run_and_relaunched_whole_at_unhealthy_after(fleet_db, tmp_path):
+    """Every unit active, the leader's /health unanswered: counted in the replica's reasons (it stays ready), an
+    answer clears the count, and at unhealthy_after runs in a row it is failed and relaunched whole."""
+    hung = [{"replica": "coder-a", "ok": False, "error": "Status code was -1: timed out"},
+            {"replica": "coder-b", "ok": True}]
+    args = {"probes": probes(), "node_lost_after": 10, "now": NOW, "health": hung, "unhealthy_after": 2}
+    check = run_task(tmp_path, fleet_db, "llmgw.fleet.fleet_reconcile", args, check=True)
+    assert check["changed"] and check["failed_replicas"] == []
+    first = run_task(tmp_path, fleet_db, "llmgw.fleet.fleet_reconcile", args)
+    assert first["failed_replicas"] == [] and first["relaunch"] == []
+    with FleetRegistry(fleet_db) as registry:
+        replica = registry.get_replica("coder-a")
+    assert replica["state"] == "ready"
+    assert replica["reasons"] == ["leader failed /health in 1 reconcile run in a row (relaunched at 2): "
+                                  "Status code was -1: timed out"]
+    second = run_task(tmp_path, fleet_db, "llmgw.fleet.fleet_reconcile", args)
+    (failed,) = second["failed_replicas"]
+    assert failed["name"] == "coder-a" and failed["kind"] == "unhealthy" and failed["action"] == "relaunch"
+    assert "in 2 reconcile runs in a row" in failed["reason"]
+    assert sorted(s["rank"] for s in failed["reaped_shards"]) == [0, 1]  # every shard stopped, then relaunched
+    assert second["relaunch"] == ["coder-a"]
+    with FleetRegistry(fleet_db) as registry:
+        assert registry.get_replica("coder-a")["state"] == "failed"
+        assert registry.get_replica("coder-b")["reasons"] == []
+
+
+def test_an_answer_clears_a_leaders_count(fleet_db, tmp_path):
+    failing = {"probes": probes(), "now": NOW, "health": [{"replica": "coder-a", "ok": False}]}
+    run_task(tmp_path, fleet_db, "llmgw.fleet.fleet_reconcile", failing)
+    answered = run_task(tmp_path, fleet_db, "llmgw.fleet.fleet_reconcile",
+                        dict(failing, health=[{"replica": "coder-a", "ok": True}]))
+    assert answered["failed_replicas"] == []
+    with FleetRegistry(fleet_db) as registry:
+        assert registry.get_replica("coder-a")["reasons"] == []
+    refused = run_task(tmp_path, fleet_db, "llmgw.fleet.fleet_reconcile", dict(failing, unhealthy_after=0))
+    assert refused["failed"] and "unhealthy_after must be at least 1 (got 0)" in refused["msg"]
