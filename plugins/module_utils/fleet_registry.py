@@ -128,6 +128,18 @@ class RegistrySchemaError(RegistryError):
     """The database was written by a newer collection, or a migration failed (and was rolled back)."""
 
 
+class RegistryCorrupt(RegistryError):
+    """The file is not a registry SQLite can read; it is left exactly as it is."""
+
+
+def not_a_registry(path: str, exc: sqlite3.DatabaseError) -> Exception:
+    """For a file SQLite cannot read as a database; an OperationalError (locked, I/O) is passed on as it is."""
+    if isinstance(exc, sqlite3.OperationalError):
+        return exc
+    return RegistryCorrupt("%s is not a fleet registry SQLite can read (%s); it was left as it is: give the right "
+                           "path (db, LLMGW_FLEET_DB), or move the file aside and restore a copy" % (path, exc))
+
+
 class RegistryConflict(RegistryError):
     """The change would break an invariant (a GPU given twice, a replica across fabrics, ...)."""
 
@@ -187,9 +199,17 @@ class FleetRegistry:
                     raise RegistryNotFound("no fleet registry at %s" % self.path)
                 os.makedirs(os.path.dirname(self.path), mode=0o700, exist_ok=True)
             self._conn = _connect(self.path, busy_timeout)
-            self._conn.execute("PRAGMA journal_mode = WAL")
-            self._conn.execute("PRAGMA synchronous = FULL")
-        self._migrate()
+            try:
+                self._conn.execute("PRAGMA journal_mode = WAL")
+                self._conn.execute("PRAGMA synchronous = FULL")
+            except sqlite3.DatabaseError as exc:
+                self._conn.close()
+                raise not_a_registry(self.path, exc) from exc
+        try:
+            self._migrate()
+        except sqlite3.DatabaseError as exc:
+            self._conn.close()
+            raise not_a_registry(self.path, exc) from exc
 
     @classmethod
     def scratch_copy(cls, path: Optional[str] = None) -> FleetRegistry:
@@ -200,6 +220,9 @@ class FleetRegistry:
             source = _connect(resolved, DEFAULT_BUSY_TIMEOUT)
             try:
                 source.backup(memory)
+            except sqlite3.DatabaseError as exc:
+                memory.close()
+                raise not_a_registry(resolved, exc) from exc
             finally:
                 source.close()
         return cls(resolved, _conn=memory)

@@ -289,3 +289,15 @@ def test_scratch_copy_changes_nothing_on_disk(registry, db):
     with FleetRegistry.scratch_copy(db + ".missing") as empty:
         assert empty.list_nodes() == []
     assert not os.path.exists(db + ".missing")
+
+
+def test_a_file_that_is_not_a_registry_is_refused_and_left_as_it_is(tmp_path):
+    path = tmp_path / "fleet.db"
+    path.write_bytes(b"not a registry, perhaps a backup tarball\n" * 100)
+    before = path.read_bytes()
+    for opened in (lambda: FleetRegistry(str(path)), lambda: FleetRegistry(str(path), create=False),
+                   lambda: FleetRegistry.scratch_copy(str(path))):
+        with pytest.raises(fleet_registry.RegistryCorrupt, match="is not a fleet registry SQLite can read"):
+            opened()
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fleet.db"]  # no -wal, no -shm, no journal
