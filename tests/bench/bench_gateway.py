@@ -18,13 +18,15 @@ import json
 import os
 import secrets
 import signal
-import socket
 import sys
 import tempfile
 import time
 
 from figures import REPO, Report, lab_engine, lab_script, log
 from lab import LAB_DIR, LAB_INVENTORY, Lab, PlaybookFailed, run_playbook, why_not_up
+
+sys.path.insert(0, os.path.join(REPO, "tests", "e2e"))
+from helpers import free_ports  # noqa: E402 - the tests' port picker
 
 from ansible_collections.llmgw.fleet.plugins.module_utils.fleet_registry import FleetRegistry
 
@@ -33,12 +35,6 @@ OCTET = 250
 REPLICA = "bench-gemma"
 MODEL = "gemma3-270m"  # as inventories/lab declares it
 TOKENS = 16
-
-
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def percentile(values, share):
@@ -107,12 +103,12 @@ def measure(report, lab, state, pairs):
     engine = lab_engine()
     lab_script("real_model").assemble()
     key = "sk-bench-" + secrets.token_hex(16)
-    port = free_port()
+    port, metrics_port = free_ports(2)
     gateway = os.path.join(tmp, "gateway")
     extra = {"lab_state_dir": LAB_DIR, "fleet_registry": os.path.join(tmp, "fleet.db"),
              "fleet_known_hosts_file": os.path.join(tmp, "known_hosts"), "fleet_ca_dir": os.path.join(tmp, "ca"),
              "fleet_engine_archive": engine["archive"], "fleet_engine_archive_sha256": engine["sha256"],
-             "fleet_gateway_api_keys": {"bench": key}, "gateway_port": port, "gateway_metrics_port": free_port(),
+             "fleet_gateway_api_keys": {"bench": key}, "gateway_port": port, "gateway_metrics_port": metrics_port,
              "gateway_config_path": os.path.join(gateway, "haproxy.cfg"),
              "gateway_keys_path": os.path.join(gateway, "api-keys.map"),
              "gateway_targets_path": os.path.join(gateway, "targets.json"),

@@ -25,7 +25,6 @@ import datetime
 import os
 import secrets
 import signal
-import socket
 import sys
 import tempfile
 import time
@@ -36,6 +35,7 @@ from lab import LAB_DIR, LAB_INVENTORY, Lab, PlaybookFailed, run_playbook, why_n
 
 sys.path.insert(0, os.path.join(REPO, "tests", "e2e"))
 from gateway_load import Load, failures  # noqa: E402 - the tests' load generator
+from helpers import free_ports  # noqa: E402 - the tests' port picker
 
 from ansible_collections.llmgw.fleet.plugins.module_utils.fleet_registry import FleetRegistry
 
@@ -52,23 +52,18 @@ def epoch(stamp):
     return datetime.datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.timezone.utc).timestamp()
 
 
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 class Fleet:
     def __init__(self, lab, root):
         self.lab, self.root = lab, root
         self.db = os.path.join(root, "fleet.db")
         self.runs = 0
         gateway = os.path.join(root, "gateway")
-        self.key, self.port = "sk-bench-" + secrets.token_hex(16), free_port()
+        self.port, metrics_port = free_ports(2)
+        self.key = "sk-bench-" + secrets.token_hex(16)
         self.gateway_pid_file = os.path.join(gateway, "haproxy.pid")
         self.gateway = {
             "fleet_gateway_api_keys": {"bench": self.key}, "gateway_port": self.port,
-            "gateway_metrics_port": free_port(), "gateway_config_path": os.path.join(gateway, "haproxy.cfg"),
+            "gateway_metrics_port": metrics_port, "gateway_config_path": os.path.join(gateway, "haproxy.cfg"),
             "gateway_keys_path": os.path.join(gateway, "api-keys.map"),
             "gateway_targets_path": os.path.join(gateway, "targets.json"),
             "gateway_stats_socket": os.path.join(gateway, "admin.sock"), "gateway_pid_file": self.gateway_pid_file}

@@ -1,7 +1,9 @@
 """Running real ansible-playbook against this collection from tests."""
 
+import contextlib
 import json
 import os
+import socket
 import subprocess
 import sys
 
@@ -90,3 +92,13 @@ def write_destroy_playbook(path, names):
             "  tasks:\n    - name: Destroy the test's VMs\n      llmgw.fleet.pve_vm:\n"
             "        name: '{{ item }}'\n        state: absent\n      loop: %s\n" % json.dumps(list(names)))
     return path
+
+
+def free_ports(count=1):
+    """``count`` distinct free TCP ports on 127.0.0.1, held open together while they are picked: one at a time,
+    the kernel may hand out the port just released twice (a gateway's API and metrics port were once the same)."""
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket()) for _sock in range(count)]
+        for sock in socks:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in socks]

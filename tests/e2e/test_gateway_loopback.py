@@ -23,6 +23,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from helpers import free_ports
 
 from ansible_collections.llmgw.fleet.plugins.module_utils import gateway_config
 from ansible_collections.llmgw.fleet.plugins.module_utils.fleet_registry import FleetRegistry
@@ -34,12 +35,6 @@ KEY = "sk-loopback-0123456789abcdef"
 WRONG_KEY = "sk-loopback-not-the-key-000000"
 
 pytestmark = pytest.mark.skipif(HAPROXY is None, reason="haproxy is not installed (tests/lab/apt-packages.txt)")
-
-
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class QuietServer(ThreadingHTTPServer):
@@ -114,8 +109,8 @@ class Backend:
                 self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
                 self.wfile.flush()
 
-        self.port = free_port()
-        self.server = QuietServer(("127.0.0.1", self.port), Handler)
+        self.server = QuietServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
         self.server.daemon_threads = True
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
@@ -249,7 +244,7 @@ def gateway(tmp_path_factory):
     directory = str(tmp_path_factory.mktemp("gateway"))
     backends = {"chat-a": Backend("chat-a"), "chat-b": Backend("chat-b", healthy=False),
                 "chat-c": Backend("chat-c"), "gemma-a": Backend("gemma-a")}
-    sim_port = free_port()
+    sim_port, api_port, metrics_port = free_ports(3)
     sim = subprocess.Popen([sys.executable, SIM_ENGINE, "--replica", "coder-a", "--model", "sim-coder", "--rank", "0",
                             "--shards", "1", "--bind", "127.0.0.1", "--host", "127.0.0.1", "--port", str(sim_port)],
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -257,8 +252,8 @@ def gateway(tmp_path_factory):
     ports["coder-a"] = sim_port
     db = os.path.join(directory, "fleet.db")
     seed_registry(db, ports)
-    settings = dict(keys_path=os.path.join(directory, "api-keys.map"), bind_address="127.0.0.1", port=free_port(),
-                    metrics_address="127.0.0.1", metrics_port=free_port(),
+    settings = dict(keys_path=os.path.join(directory, "api-keys.map"), bind_address="127.0.0.1", port=api_port,
+                    metrics_address="127.0.0.1", metrics_port=metrics_port,
                     stats_socket=os.path.join(directory, "admin.sock"), log="stderr local0", user="", group="",
                     chroot="", health_interval=1, slowstart=2, retry_after=7)
     checked, check_out = run_module(directory, db, settings, check=True)
@@ -426,7 +421,8 @@ def test_reload_by_usr2_under_a_stream_drops_nothing_and_follows_the_registry(ga
 
 def test_reload_with_sf_under_a_stream_drops_nothing(gateway, tmp_path):
     """The old-style reload: a new process takes the port and tells the old one (-sf) to finish its streams."""
-    settings = dict(gateway["settings"], port=free_port(), metrics_port=free_port(),
+    api_port, metrics_port = free_ports(2)
+    settings = dict(gateway["settings"], port=api_port, metrics_port=metrics_port,
                     stats_socket=str(tmp_path / "sf.sock"))
     with FleetRegistry(gateway["db"]) as reg:
         fleet_routes = gateway_config.read_routes(reg, ["gemma3-270m"])

@@ -5,7 +5,6 @@ whose leader is gone waits to join again."""
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -13,21 +12,16 @@ import urllib.error
 import urllib.request
 
 import pytest
+from helpers import free_ports
 
 ENGINE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                       "roles", "replica", "files", "llmgw-sim-engine.py")
 
 
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture
 def engine(tmp_path):
     procs = []
-    port, rendezvous = free_port(), free_port()
+    port, rendezvous = free_ports(2)
 
     def start(rank, shards=3, replica="r1"):
         argv = [sys.executable, ENGINE, "--replica", replica, "--model", "sim-coder", "--rank", str(rank),

@@ -36,7 +36,7 @@ import urllib.request
 
 import pytest
 from gateway_load import Load, failures
-from helpers import REPO, ansible_env, run_playbook, write_destroy_playbook
+from helpers import REPO, ansible_env, free_ports, run_playbook, write_destroy_playbook
 from pve_vm_e2e import Lab
 
 from ansible_collections.llmgw.fleet.plugins.module_utils.fleet_registry import FleetRegistry
@@ -77,11 +77,11 @@ class Fleet:
         # The test's own gateway, on loopback: every playbook of the test makes it follow the test's registry.
         gateway = os.path.join(self.root, "gateway")
         self.gateway_key = "sk-test-" + secrets.token_hex(16)
-        self.gateway_port = free_port()
+        self.gateway_port, metrics_port = free_ports(2)
         self.gateway_pid_file = os.path.join(gateway, "haproxy.pid")
         self.gateway = {
             "fleet_gateway_api_keys": {"test": self.gateway_key}, "gateway_port": self.gateway_port,
-            "gateway_metrics_port": free_port(), "gateway_config_path": os.path.join(gateway, "haproxy.cfg"),
+            "gateway_metrics_port": metrics_port, "gateway_config_path": os.path.join(gateway, "haproxy.cfg"),
             "gateway_keys_path": os.path.join(gateway, "api-keys.map"),
             "gateway_targets_path": os.path.join(gateway, "targets.json"),
             "gateway_stats_socket": os.path.join(gateway, "admin.sock"), "gateway_pid_file": self.gateway_pid_file}
@@ -118,12 +118,6 @@ class Fleet:
     def node(self, name):
         with FleetRegistry(self.db) as registry:
             return registry.get_node(name)
-
-
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def stop_gateway(fleet):
