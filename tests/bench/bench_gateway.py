@@ -16,8 +16,6 @@ import argparse
 import http.client
 import json
 import os
-import secrets
-import signal
 import sys
 import tempfile
 import time
@@ -26,7 +24,7 @@ from figures import REPO, Report, lab_engine, lab_script, log
 from lab import LAB_DIR, LAB_INVENTORY, Lab, PlaybookFailed, run_playbook, why_not_up
 
 sys.path.insert(0, os.path.join(REPO, "tests", "e2e"))
-from helpers import free_ports  # noqa: E402 - the tests' port picker
+from helpers import ScratchGateway  # noqa: E402 - the tests' own gateway
 
 from ansible_collections.llmgw.fleet.plugins.module_utils.fleet_registry import FleetRegistry
 
@@ -81,18 +79,14 @@ def main(argv=None):
     name = lab.name(OCTET)
     lab.remove([name])
     with tempfile.TemporaryDirectory(prefix="bench-gateway-") as tmp:
-        state = {"tmp": tmp, "pid_file": os.path.join(tmp, "gateway", "haproxy.pid"), "runs": 0}
+        state = {"tmp": tmp, "gateway": ScratchGateway(os.path.join(tmp, "gateway"), "bench"), "runs": 0}
         try:
             measure(report, lab, state, 8 if args.quick else 60)
         except (PlaybookFailed, RuntimeError, OSError) as exc:
             print(str(exc), flush=True)
             report.skip("gateway latency", "a step failed: " + str(exc).splitlines()[0])
         finally:
-            try:
-                with open(state["pid_file"]) as handle:
-                    os.kill(int(handle.read().split()[0]), signal.SIGTERM)
-            except (OSError, ValueError, IndexError):
-                pass
+            state["gateway"].stop()
             lab.remove([name])
     report.write(args.json)
     return 0
@@ -102,17 +96,10 @@ def measure(report, lab, state, pairs):
     tmp = state["tmp"]
     engine = lab_engine()
     lab_script("real_model").assemble()
-    key = "sk-bench-" + secrets.token_hex(16)
-    port, metrics_port = free_ports(2)
-    gateway = os.path.join(tmp, "gateway")
-    extra = {"lab_state_dir": LAB_DIR, "fleet_registry": os.path.join(tmp, "fleet.db"),
-             "fleet_known_hosts_file": os.path.join(tmp, "known_hosts"), "fleet_ca_dir": os.path.join(tmp, "ca"),
-             "fleet_engine_archive": engine["archive"], "fleet_engine_archive_sha256": engine["sha256"],
-             "fleet_gateway_api_keys": {"bench": key}, "gateway_port": port, "gateway_metrics_port": metrics_port,
-             "gateway_config_path": os.path.join(gateway, "haproxy.cfg"),
-             "gateway_keys_path": os.path.join(gateway, "api-keys.map"),
-             "gateway_targets_path": os.path.join(gateway, "targets.json"),
-             "gateway_stats_socket": os.path.join(gateway, "admin.sock"), "gateway_pid_file": state["pid_file"]}
+    key, port = state["gateway"].key, state["gateway"].port
+    extra = dict(state["gateway"].vars, lab_state_dir=LAB_DIR, fleet_registry=os.path.join(tmp, "fleet.db"),
+                 fleet_known_hosts_file=os.path.join(tmp, "known_hosts"), fleet_ca_dir=os.path.join(tmp, "ca"),
+                 fleet_engine_archive=engine["archive"], fleet_engine_archive_sha256=engine["sha256"])
 
     def play(playbook, **more):
         state["runs"] += 1

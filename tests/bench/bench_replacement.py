@@ -23,8 +23,6 @@ The VMs (octets 241-244) and the registry (a temporary directory) are removed at
 import argparse
 import datetime
 import os
-import secrets
-import signal
 import sys
 import tempfile
 import time
@@ -35,7 +33,7 @@ from lab import LAB_DIR, LAB_INVENTORY, Lab, PlaybookFailed, run_playbook, why_n
 
 sys.path.insert(0, os.path.join(REPO, "tests", "e2e"))
 from gateway_load import Load, failures  # noqa: E402 - the tests' load generator
-from helpers import free_ports  # noqa: E402 - the tests' port picker
+from helpers import ScratchGateway  # noqa: E402 - the tests' own gateway
 
 from ansible_collections.llmgw.fleet.plugins.module_utils.fleet_registry import FleetRegistry
 
@@ -57,31 +55,19 @@ class Fleet:
         self.lab, self.root = lab, root
         self.db = os.path.join(root, "fleet.db")
         self.runs = 0
-        gateway = os.path.join(root, "gateway")
-        self.port, metrics_port = free_ports(2)
-        self.key = "sk-bench-" + secrets.token_hex(16)
-        self.gateway_pid_file = os.path.join(gateway, "haproxy.pid")
-        self.gateway = {
-            "fleet_gateway_api_keys": {"bench": self.key}, "gateway_port": self.port,
-            "gateway_metrics_port": metrics_port, "gateway_config_path": os.path.join(gateway, "haproxy.cfg"),
-            "gateway_keys_path": os.path.join(gateway, "api-keys.map"),
-            "gateway_targets_path": os.path.join(gateway, "targets.json"),
-            "gateway_stats_socket": os.path.join(gateway, "admin.sock"), "gateway_pid_file": self.gateway_pid_file}
+        self.gateway = ScratchGateway(os.path.join(root, "gateway"), "bench")
+        self.key, self.port = self.gateway.key, self.gateway.port
 
     def vars(self, **extra):
         out = {"lab_state_dir": LAB_DIR, "fleet_registry": self.db, "fleet_models": MODEL,
                "fleet_known_hosts_file": os.path.join(self.root, "known_hosts"),
                "fleet_ca_dir": os.path.join(self.root, "ca")}
-        out.update(self.gateway)
+        out.update(self.gateway.vars)
         out.update(extra)
         return out
 
     def stop_gateway(self):
-        try:
-            with open(self.gateway_pid_file) as handle:
-                os.kill(int(handle.read().split()[0]), signal.SIGTERM)
-        except (OSError, ValueError, IndexError):
-            pass
+        self.gateway.stop()
 
     def play(self, playbook, inventories=(LAB_INVENTORY,), forks=None, **extra):
         self.runs += 1

@@ -17,7 +17,6 @@ command, saying so.
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -29,6 +28,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 
 from documented import REPO, documented_commands  # noqa: E402
 from helpers import run_playbook, write_destroy_playbook  # noqa: E402
+
+from pve_lab import cli  # noqa: E402
+from pve_lab.api.constants import LabPaths  # noqa: E402
 
 LAB = os.path.join(REPO, ".lab")
 COMMANDS = documented_commands()
@@ -99,11 +101,7 @@ def clean_up(root, vms_before):
     if made:
         path = write_destroy_playbook(os.path.join(root, "destroy-docs-run.yml"), made)
         run_playbook(path, extra, inventory=inventory, cwd=root)
-    try:
-        with open(os.path.join(root, ".lab", "gateway", "haproxy.pid")) as handle:
-            os.kill(int(handle.read().split()[0]), signal.SIGTERM)
-    except (OSError, ValueError, IndexError):
-        pass
+    cli.stop_gateway(LabPaths(os.path.join(root, ".lab")))  # what make lab-down does for the lab's own
     shutil.rmtree(os.path.join(root, ".lab"), ignore_errors=True)
 
 

@@ -3,6 +3,8 @@
 import contextlib
 import json
 import os
+import secrets
+import signal
 import socket
 import subprocess
 import sys
@@ -102,3 +104,28 @@ def free_ports(count=1):
         for sock in socks:
             sock.bind(("127.0.0.1", 0))
         return [sock.getsockname()[1] for sock in socks]
+
+
+class ScratchGateway:
+    """A gateway of a test's or a bench's own, as inventories/lab runs one (roles/gateway with
+    gateway_service_manager: process, on loopback) but with its files, ports and key under ``directory``: ``vars``
+    go into the extra vars of every playbook that should keep it in step; :meth:`stop` ends its HAProxy master."""
+
+    def __init__(self, directory, key_name="test"):
+        self.key = "sk-%s-%s" % (key_name, secrets.token_hex(16))
+        self.port, metrics_port = free_ports(2)
+        self.pid_file = os.path.join(directory, "haproxy.pid")
+        self.stats_socket = os.path.join(directory, "admin.sock")
+        self.vars = {
+            "fleet_gateway_api_keys": {key_name: self.key}, "gateway_port": self.port,
+            "gateway_metrics_port": metrics_port, "gateway_config_path": os.path.join(directory, "haproxy.cfg"),
+            "gateway_keys_path": os.path.join(directory, "api-keys.map"),
+            "gateway_targets_path": os.path.join(directory, "targets.json"),
+            "gateway_stats_socket": self.stats_socket, "gateway_pid_file": self.pid_file}
+
+    def stop(self):
+        try:
+            with open(self.pid_file) as handle:
+                os.kill(int(handle.read().split()[0]), signal.SIGTERM)
+        except (OSError, ValueError, IndexError):
+            pass

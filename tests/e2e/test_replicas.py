@@ -26,8 +26,6 @@ import http.client
 import importlib.util
 import json
 import os
-import secrets
-import signal
 import socket
 import subprocess
 import sys
@@ -36,7 +34,7 @@ import urllib.request
 
 import pytest
 from gateway_load import Load, failures
-from helpers import REPO, ansible_env, free_ports, run_playbook, write_destroy_playbook
+from helpers import REPO, ScratchGateway, ansible_env, run_playbook, write_destroy_playbook
 from pve_vm_e2e import Lab
 
 from ansible_collections.llmgw.fleet.plugins.module_utils.fleet_registry import FleetRegistry
@@ -75,20 +73,12 @@ class Fleet:
             import yaml
             self.lab = yaml.safe_load(handle)
         # The test's own gateway, on loopback: every playbook of the test makes it follow the test's registry.
-        gateway = os.path.join(self.root, "gateway")
-        self.gateway_key = "sk-test-" + secrets.token_hex(16)
-        self.gateway_port, metrics_port = free_ports(2)
-        self.gateway_pid_file = os.path.join(gateway, "haproxy.pid")
-        self.gateway = {
-            "fleet_gateway_api_keys": {"test": self.gateway_key}, "gateway_port": self.gateway_port,
-            "gateway_metrics_port": metrics_port, "gateway_config_path": os.path.join(gateway, "haproxy.cfg"),
-            "gateway_keys_path": os.path.join(gateway, "api-keys.map"),
-            "gateway_targets_path": os.path.join(gateway, "targets.json"),
-            "gateway_stats_socket": os.path.join(gateway, "admin.sock"), "gateway_pid_file": self.gateway_pid_file}
+        self.gateway = ScratchGateway(os.path.join(self.root, "gateway"))
+        self.gateway_key, self.gateway_port = self.gateway.key, self.gateway.port
 
     def vars(self, **extra):
         out = {"fleet_registry": self.db, "fleet_known_hosts_file": self.known_hosts, "fleet_models": self.models}
-        out.update(self.gateway)
+        out.update(self.gateway.vars)
         out.update(extra)
         return out
 
@@ -120,14 +110,6 @@ class Fleet:
             return registry.get_node(name)
 
 
-def stop_gateway(fleet):
-    try:
-        with open(fleet.gateway_pid_file) as handle:
-            os.kill(int(handle.read().split()[0]), signal.SIGTERM)
-    except (OSError, ValueError, IndexError):
-        pass
-
-
 def ok(run):
     assert not run.failed, ("rc %d, stats %s\n" % (run.rc, run.report["stats"]) + "\n".join(
         str(m) for m in run.failure_messages()) + run.stderr[-3000:])
@@ -149,7 +131,7 @@ def wait_for_server_state(fleet, backend, server, state, timeout=60):
     while time.time() < deadline:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
             sock.settimeout(5)
-            sock.connect(fleet.gateway["gateway_stats_socket"])
+            sock.connect(fleet.gateway.stats_socket)
             sock.sendall(b"show stat\n")
             data = b"".join(iter(lambda: sock.recv(65536), b"")).decode()
         lines = data.splitlines()
@@ -231,7 +213,7 @@ def fleet(tmp_path_factory):
         ok(fleet.play("gateway.yml"))
         yield fleet
     finally:
-        stop_gateway(fleet)
+        fleet.gateway.stop()
         if os.environ.get("LLMGW_LAB_KEEP_VMS") != "1":
             destroy_vms(fleet)
 
@@ -317,7 +299,7 @@ def test_a_two_node_llama_cpp_replica_answers_a_completion(fleet, tmp_path):
     # llama-server runs with --metrics: the leader's /metrics is what the gateway's file_sd targets list.
     with urllib.request.urlopen("http://%s:%d/metrics" % (leader["address"], replica["port"]), timeout=30) as answer:
         assert "llamacpp:" in answer.read().decode()
-    with open(fleet.gateway["gateway_targets_path"]) as handle:
+    with open(fleet.gateway.vars["gateway_targets_path"]) as handle:
         targets = json.load(handle)
     assert {"targets": ["%s:%d" % (leader["address"], replica["port"])],
             "labels": {"job": "llmgw-replica", "model": "tiny-llama", "replica": "tiny-a", "node": leader["node"]}} \
@@ -454,7 +436,7 @@ def test_the_gateway_routes_by_model_to_ready_replicas_only(fleet):
     answered = [load.one() for _request in range(6)]
     assert [r["status"] for r in answered] == [200] * 6, answered
     assert {r["replica"] for r in answered} == {"coder-a", "coder-b"}  # both Ready replicas of the model serve
-    with open(fleet.gateway["gateway_config_path"]) as handle:
+    with open(fleet.gateway.vars["gateway_config_path"]) as handle:
         assert "#   registry: %s" % fleet.db in handle.read()
     not_ready = Load(fleet.gateway_port, fleet.gateway_key, "tiny-llama").one()  # declared, no replica now
     assert not_ready["status"] == 503 and "model_not_ready" in not_ready["error"]
