@@ -111,17 +111,24 @@ def lost_by_reconcile(node: Mapping) -> bool:
 
 def unhealthy_runs(replica: Mapping) -> int:
     """How many reconcile runs in a row the replica's leader failed ``/health`` (0 when it answered last)."""
-    reasons = replica.get("reasons") or []
-    match = _UNHEALTHY_RE.match(str(reasons[0])) if reasons else None
-    return int(match.group(1)) if match else 0
+    for reason in replica.get("reasons") or []:
+        match = _UNHEALTHY_RE.match(str(reason))
+        if match:
+            return int(match.group(1))
+    return 0
+
+
+def _other_reasons(replica: Mapping) -> List[str]:
+    return [r for r in replica.get("reasons") or [] if not _UNHEALTHY_RE.match(str(r))]
 
 
 def health_verdicts(replicas: Sequence[Mapping], health: Mapping[str, Mapping],
                     unhealthy_after: int = DEFAULT_UNHEALTHY_AFTER) -> Dict[str, dict]:
     """Per ready replica whose leader was asked this run (``health``: ``{replica: {ok, error}}``):
     ``{runs, reasons, relaunch}``. ``runs`` counts the failed runs in a row, this one included (0 after an
-    answer); ``reasons`` is what to record while it stays ready; ``relaunch`` is true once ``runs`` reaches
-    ``unhealthy_after``. A replica whose count does not change is left out."""
+    answer); ``reasons`` is what to record while it stays ready (the count first, the replica's other reasons
+    kept); ``relaunch`` is true once ``runs`` reaches ``unhealthy_after``. A replica whose count does not change
+    is left out."""
     out = {}
     for replica in replicas:
         asked = health.get(replica["name"])
@@ -130,13 +137,14 @@ def health_verdicts(replicas: Sequence[Mapping], health: Mapping[str, Mapping],
         before = unhealthy_runs(replica)
         if asked.get("ok"):
             if before:
-                out[replica["name"]] = {"runs": 0, "reasons": [], "relaunch": False}
+                out[replica["name"]] = {"runs": 0, "reasons": _other_reasons(replica), "relaunch": False}
             continue
         runs = before + 1
         error = str(asked.get("error") or "no answer")[:200]
         reason = "%s%d reconcile run%s in a row (relaunched at %d): %s" % (
             UNHEALTHY_PREFIX, runs, "" if runs == 1 else "s", unhealthy_after, error)
-        out[replica["name"]] = {"runs": runs, "reasons": [reason], "relaunch": runs >= unhealthy_after}
+        out[replica["name"]] = {"runs": runs, "reasons": [reason] + _other_reasons(replica),
+                                "relaunch": runs >= unhealthy_after}
     return out
 
 
@@ -147,7 +155,8 @@ def replica_verdicts(replicas: Sequence[Mapping], node_states: Mapping[str, str]
     ``node_states`` are the nodes' states after :func:`node_verdicts` was applied; ``unhealthy`` names the
     replicas :func:`health_verdicts` says to relaunch (failed only when nothing else is wrong with them).
     """
-    reasons = {r["name"]: (r.get("reasons") or [""])[0] for r in replicas}
+    reasons = {r["name"]: next((str(x) for x in r.get("reasons") or [] if _UNHEALTHY_RE.match(str(x))), "")
+               for r in replicas}
     out = []
     for replica in replicas:
         shards = replica.get("shards") or []

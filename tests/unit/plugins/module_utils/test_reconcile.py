@@ -134,6 +134,16 @@ def test_a_leader_failing_health_is_counted_run_by_run_and_relaunched_at_the_thr
                      "reason": "leader failed /health in 3 reconcile runs in a row (relaunched at 3): timed out"}
 
 
+def test_the_count_keeps_the_replicas_other_reasons():
+    serving = dict(replica("a", ["n1"]), reasons=["serving at http://10.77.0.11:8080/v1/completions"])
+    failed = reconcile.health_verdicts([serving], {"a": {"ok": False, "error": "timed out"}})["a"]
+    assert failed["reasons"] == ["leader failed /health in 1 reconcile run in a row (relaunched at 3): timed out",
+                                 "serving at http://10.77.0.11:8080/v1/completions"]
+    serving["reasons"] = failed["reasons"]
+    assert reconcile.health_verdicts([serving], {"a": {"ok": True}})["a"]["reasons"] == [
+        "serving at http://10.77.0.11:8080/v1/completions"]
+
+
 def test_an_answer_clears_the_count_and_only_ready_replicas_asked_are_counted():
     counted = dict(replica("a", ["n1"]), reasons=[
         "leader failed /health in 2 reconcile runs in a row (relaunched at 3): timed out"])
