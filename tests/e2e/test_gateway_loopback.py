@@ -202,12 +202,13 @@ def stats(socket_path):
     return out
 
 
-def run_module(directory, db, settings, check=False):
+def run_module(directory, db, settings, check=False, **more):
     """gateway_config through ansible-playbook (the real adapter), as the role runs it."""
     args = dict(db=db, api_keys={"team-a": KEY}, models=["gemma3-270m"], validate=HAPROXY + " -c -q -f %s",
                 config_path=os.path.join(directory, "haproxy.cfg"),
                 targets_path=os.path.join(directory, "targets.json"),
                 gateway_target="127.0.0.1:%d" % settings["metrics_port"], node_exporter_port=9100, **settings)
+    args.update(more)
     play = [{"hosts": "localhost", "gather_facts": False,
              "tasks": [{"name": "gateway", "llmgw.fleet.gateway_config": args, "register": "gw"}]}]
     path = os.path.join(directory, "play.json")
@@ -447,3 +448,33 @@ def test_reload_with_sf_under_a_stream_drops_nothing(gateway, tmp_path):
             if proc is not None and proc.poll() is None:
                 proc.terminate()
                 proc.wait(timeout=20)
+
+
+def test_a_replica_being_removed_is_drained_its_stream_finishing_first(gateway):
+    """What removal does before the units stop: the server set to drain on the runtime API (no new request), the
+    module waiting until the stream in flight on it has ended, then the configuration written without it."""
+    port, sock = gateway["port"], gateway["settings"]["stats_socket"]
+    thread, events, result = _stream_in_thread(port, "chat", 12)  # chat-a, the model's one server passing /health
+    drained, _out = run_module(gateway["directory"], gateway["db"], gateway["settings"], drain=["chat-a"],
+                               drain_timeout=60)
+    returned = time.time()
+    try:
+        thread.join(30)
+        assert result == {"status": 200}
+        assert events[-1][1] == "[DONE]" and len(events) == 13, events  # the stream was not cut
+        assert events[-1][0] <= returned, "the module returned before the stream in flight had ended"
+        (entry,) = drained["drained"]
+        assert entry["replica"] == "chat-a" and entry["backend"] == "model_chat" and entry["sessions"] == 0
+        assert entry["waited"] >= 1.0, entry  # it waited for the stream (12 events, 0.25 s apart)
+        assert stats(sock)[("model_chat", "chat-a")] == "DRAIN"
+        assert {"replica": "chat-a", "model": "chat", "why": "being removed (drained at the gateway)"} in \
+            drained["excluded"]
+        with open(os.path.join(gateway["directory"], "haproxy.cfg")) as handle:
+            assert "server chat-a " not in handle.read()
+    finally:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.connect(sock)
+            conn.sendall(b"set server model_chat/chat-a state ready\n")
+            conn.recv(4096)
+        run_module(gateway["directory"], gateway["db"], gateway["settings"])
+
