@@ -477,4 +477,3 @@ def test_a_replica_being_removed_is_drained_its_stream_finishing_first(gateway):
             conn.sendall(b"set server model_chat/chat-a state ready\n")
             conn.recv(4096)
         run_module(gateway["directory"], gateway["db"], gateway["settings"])
-
