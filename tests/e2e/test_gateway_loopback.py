@@ -454,7 +454,10 @@ def test_a_replica_being_removed_is_drained_its_stream_finishing_first(gateway):
     """What removal does before the units stop: the server set to drain on the runtime API (no new request), the
     module waiting until the stream in flight on it has ended, then the configuration written without it."""
     port, sock = gateway["port"], gateway["settings"]["stats_socket"]
-    thread, events, result = _stream_in_thread(port, "chat", 12)  # chat-a, the model's one server passing /health
+    # chat-b failing its checks again (an earlier test made it healthy): chat-a is then the one server.
+    gateway["backends"]["chat-b"].healthy = False
+    wait_for(lambda: stats(sock).get(("model_chat", "chat-b")) == "DOWN", 20, "chat-b DOWN by its health check")
+    thread, events, result = _stream_in_thread(port, "chat", 12)
     drained, _out = run_module(gateway["directory"], gateway["db"], gateway["settings"], drain=["chat-a"],
                                drain_timeout=60)
     returned = time.time()
@@ -472,6 +475,7 @@ def test_a_replica_being_removed_is_drained_its_stream_finishing_first(gateway):
         with open(os.path.join(gateway["directory"], "haproxy.cfg")) as handle:
             assert "server chat-a " not in handle.read()
     finally:
+        gateway["backends"]["chat-b"].healthy = True
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
             conn.connect(sock)
             conn.sendall(b"set server model_chat/chat-a state ready\n")
