@@ -129,3 +129,16 @@ class ScratchGateway:
                 os.kill(int(handle.read().split()[0]), signal.SIGTERM)
         except (OSError, ValueError, IndexError):
             pass
+
+
+def gateway_server_states(socket_path):
+    """{(backend, server): status} from a gateway's runtime API (``show stat`` on its stats socket)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(5)
+        sock.connect(socket_path)
+        sock.sendall(b"show stat\n")
+        data = b"".join(iter(lambda: sock.recv(65536), b"")).decode()
+    lines = data.splitlines()
+    header = lines[0].lstrip("# ").split(",")
+    rows = [dict(zip(header, line.split(","))) for line in lines[1:] if line]
+    return {(row["pxname"], row["svname"]): row["status"] for row in rows}

@@ -23,7 +23,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from helpers import free_ports
+from helpers import free_ports, gateway_server_states
 
 from ansible_collections.llmgw.fleet.plugins.module_utils import gateway_config
 from ansible_collections.llmgw.fleet.plugins.module_utils.fleet_registry import FleetRegistry
@@ -180,28 +180,6 @@ def stream(port, model, tokens, events, started=None):
     return response.status
 
 
-def stats(socket_path):
-    """{(backend, server): status} from the runtime API (``show stat``) on the stats socket."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.settimeout(5)
-        sock.connect(socket_path)
-        sock.sendall(b"show stat\n")
-        data = b""
-        while True:
-            part = sock.recv(65536)
-            if not part:
-                break
-            data += part
-    lines = data.decode().splitlines()
-    header = lines[0].lstrip("# ").split(",")
-    out = {}
-    for line in lines[1:]:
-        if line:
-            row = dict(zip(header, line.split(",")))
-            out[(row["pxname"], row["svname"])] = row["status"]
-    return out
-
-
 def run_module(directory, db, settings, check=False, **more):
     """gateway_config through ansible-playbook (the real adapter), as the role runs it."""
     args = dict(db=db, api_keys={"team-a": KEY}, models=["gemma3-270m"], validate=HAPROXY + " -c -q -f %s",
@@ -268,7 +246,7 @@ def gateway(tmp_path_factory):
         wait_for(lambda: answers(settings["port"]), 20, "HAProxy on 127.0.0.1:%d" % settings["port"])
         wait_for(lambda: answers(sim_port), 20, "the simulated engine")
         # Nothing is asked before the active checks have seen chat-b fail its /health.
-        wait_for(lambda: stats(settings["stats_socket"]).get(("model_chat", "chat-b")) == "DOWN", 20,
+        wait_for(lambda: gateway_server_states(settings["stats_socket"]).get(("model_chat", "chat-b")) == "DOWN", 20,
                  "chat-b DOWN by its health check")
         yield dict(directory=directory, db=db, ports=ports, settings=settings, backends=backends, master=master,
                    port=settings["port"], log_path=log_path, checked=checked, applied=applied, again=again,
@@ -358,7 +336,8 @@ def test_a_server_failing_its_health_check_gets_nothing(gateway):
     assert gateway["backends"]["chat-b"].requests == 0
     # The control: once chat-b passes its checks (rise 2, then slowstart) it is routed to like any other.
     gateway["backends"]["chat-b"].healthy = True
-    wait_for(lambda: stats(gateway["settings"]["stats_socket"]).get(("model_chat", "chat-b")) == "UP", 20,
+    sock = gateway["settings"]["stats_socket"]
+    wait_for(lambda: gateway_server_states(sock).get(("model_chat", "chat-b")) == "UP", 20,
              "chat-b UP again")
     time.sleep(2.5)  # slowstart
     ask = {"model": "chat", "messages": []}
@@ -456,7 +435,8 @@ def test_a_replica_being_removed_is_drained_its_stream_finishing_first(gateway):
     port, sock = gateway["port"], gateway["settings"]["stats_socket"]
     # chat-b failing its checks again (an earlier test made it healthy): chat-a is then the one server.
     gateway["backends"]["chat-b"].healthy = False
-    wait_for(lambda: stats(sock).get(("model_chat", "chat-b")) == "DOWN", 20, "chat-b DOWN by its health check")
+    wait_for(lambda: gateway_server_states(sock).get(("model_chat", "chat-b")) == "DOWN", 20,
+             "chat-b DOWN by its health check")
     thread, events, result = _stream_in_thread(port, "chat", 12)
     drained, _out = run_module(gateway["directory"], gateway["db"], gateway["settings"], drain=["chat-a"],
                                drain_timeout=60)
@@ -469,7 +449,7 @@ def test_a_replica_being_removed_is_drained_its_stream_finishing_first(gateway):
         (entry,) = drained["drained"]
         assert entry["replica"] == "chat-a" and entry["backend"] == "model_chat" and entry["sessions"] == 0
         assert entry["waited"] >= 1.0, entry  # it waited for the stream (12 events, 0.25 s apart)
-        assert stats(sock)[("model_chat", "chat-a")] == "DRAIN"
+        assert gateway_server_states(sock)[("model_chat", "chat-a")] == "DRAIN"
         assert {"replica": "chat-a", "model": "chat", "why": "being removed (drained at the gateway)"} in \
             drained["excluded"]
         with open(os.path.join(gateway["directory"], "haproxy.cfg")) as handle:

@@ -26,7 +26,6 @@ import http.client
 import importlib.util
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -34,7 +33,7 @@ import urllib.request
 
 import pytest
 from gateway_load import Load, failures
-from helpers import REPO, ScratchGateway, ansible_env, run_playbook, write_destroy_playbook
+from helpers import REPO, ScratchGateway, ansible_env, gateway_server_states, run_playbook, write_destroy_playbook
 from pve_vm_e2e import Lab
 
 from ansible_collections.llmgw.fleet.plugins.module_utils.fleet_registry import FleetRegistry
@@ -129,15 +128,7 @@ def wait_for_server_state(fleet, backend, server, state, timeout=60):
     """Until the test gateway's runtime API (``show stat``) reports ``server`` of ``backend`` in ``state``."""
     deadline, seen = time.time() + timeout, None
     while time.time() < deadline:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-            sock.settimeout(5)
-            sock.connect(fleet.gateway.stats_socket)
-            sock.sendall(b"show stat\n")
-            data = b"".join(iter(lambda: sock.recv(65536), b"")).decode()
-        lines = data.splitlines()
-        columns = lines[0][2:].split(",")
-        rows = [dict(zip(columns, line.split(","))) for line in lines[1:] if line]
-        seen = next((r["status"] for r in rows if r["pxname"] == backend and r["svname"] == server), None)
+        seen = gateway_server_states(fleet.gateway.stats_socket).get((backend, server))
         if seen == state:
             return
         time.sleep(1)
