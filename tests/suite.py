@@ -17,7 +17,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.join(REPO, ".venv", "bin")
 PY = os.path.join(BIN, "python")
 # Outside the repository: inside it, ansible-test would ask git for the files and find .build/ ignored.
-SANITY_ROOT = os.path.join("/tmp", "llmgw-fleet-sanity", "ansible_collections", "llmgw", "fleet")
+# LLMGW_SANITY_DIR lets two checkouts on one machine run sanity or units at the same time.
+SANITY_ROOT = os.path.join(os.environ.get("LLMGW_SANITY_DIR", "/tmp/llmgw-fleet-sanity"),
+                           "ansible_collections", "llmgw", "fleet")
 JUNIT = os.path.join(REPO, ".build", "pytest-junit.xml")
 # Every stage that runs tests leaves its JUnit report here; the closing line counts them all.
 JUNIT_DIR = os.path.join(REPO, ".build", "junit")
