@@ -11,11 +11,14 @@ import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes
 from cryptography.x509.oid import NameOID
-from onboard_e2e import Controller, lab_engine, lab_session
+from onboard_e2e import Controller, assert_refused_not_ready, lab_engine, lab_session, task_results
 
 from ansible_collections.llmgw.fleet.plugins.module_utils import ggml_cpu_variants as gcv
 
 NODE, OCTET = "on-add", 112
+ASK = "Ask whether the engine is installed and its checks passed for exactly what this node has now"
+COMPLETION = "Check that llama-server answers a completion on a quantized model, and with which arguments"
+LIBGOMP = "/usr/lib/x86_64-linux-gnu/libgomp.so.1"
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +70,6 @@ def test_add_node_from_nothing_to_ready_then_nothing_to_change(lab, engine, tmp_
     assert (record["fabric"], record["gpu_count"], record["gpu_type"]) == ("ib-a", 2, "sim")
     assert (record["cpu_variant"], record["engine_version"]) == (host_variant, "b11434")
     assert record["engine_args"] in ([], ["--no-repack"])  # what the completion probe found this CPU needs
-    assert record["engine_args"] in ([], ["--no-repack"])  # what the completion probe found this CPU needs
     assert record["cert_fingerprint"] == colon_fingerprint(cert)
     assert cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == NODE
 
@@ -83,8 +85,28 @@ def test_add_node_from_nothing_to_ready_then_nothing_to_change(lab, engine, tmp_
     assert set(second.report["stats"]) == {"localhost", NODE}
     assert changed_everywhere(second) == 0, changed_tasks(second)
     assert controller.record(NODE) == record
+    # The engine checks passed for exactly what the node has: the re-run takes their record instead of repeating them.
+    (asked,) = task_results(second, ASK)
+    assert asked["current"] is True and asked["report"]["ready"] is True, asked
+    assert not [r for r in task_results(second, COMPLETION) if not r.get("skipped")]
 
     again = controller.play("add_node", NODE, OCTET, check=True, **options)
     assert not again.failed, again.failure_messages()
     assert set(again.report["stats"]) == {"localhost", NODE}
     assert changed_everywhere(again) == 0, changed_tasks(again)
+
+    # A re-run still catches what changed under a ready node: libgomp gone (its package still says installed) makes
+    # the digest differ, so every check runs again and the node is refused; put back exactly, the record holds again.
+    real = controller.ssh(NODE, OCTET, "readlink -f %s" % LIBGOMP).strip()
+    controller.ssh(NODE, OCTET, "sudo mv %s /root/libgomp.saved" % real)
+    broken = controller.play("add_node", NODE, OCTET, **options)
+    (asked,) = task_results(broken, ASK)
+    assert asked["current"] is False and asked["changed_parts"] == ["libraries"], asked
+    assert_refused_not_ready(controller, broken, NODE, "on-add cannot serve with this engine",
+                             "libgomp.so.1 is not installed", "apt-get install libgomp1")
+    controller.ssh(NODE, OCTET, "sudo mv /root/libgomp.saved %s" % real)
+    restored = controller.play("add_node", NODE, OCTET, **options)
+    assert not restored.failed, restored.failure_messages()
+    (asked,) = task_results(restored, ASK)
+    assert asked["current"] is True, asked
+    assert controller.record(NODE)["state"] == "ready"
