@@ -39,7 +39,7 @@ options:
   validate_certs:
     description:
       - Verify the API's TLS certificate. Keep V(true) and point O(ca_path) at the CA that signed it;
-        V(false) is for throwaway labs only.
+        V(false) is for throwaway labs only, and every run with it warns.
     type: bool
     default: true
   ca_path:

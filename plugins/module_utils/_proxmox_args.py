@@ -28,3 +28,14 @@ def proxmox_argument_spec():
 
 
 PROXMOX_REQUIRED_TOGETHER = [["api_token_id", "api_token_secret"]]
+
+UNVERIFIED_WARNING = (
+    "validate_certs is false: the Proxmox VE API's certificate is not checked, so whoever sits between this host "
+    "and the API can read the token or password sent to it; give ca_path (the cluster's CA, "
+    "/etc/pve/pve-root-ca.pem) instead, or trust the CA on this host")
+
+
+def warn_if_unverified(module):
+    """TLS to the API is verified unless an option turns it off, and then every run says so."""
+    if module.params.get("validate_certs") is False:
+        module.warn(UNVERIFIED_WARNING)

@@ -175,6 +175,19 @@ def normalize_timestamp(value: str) -> str:
     return parsed.astimezone(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def create_private(path: str) -> None:
+    """Create an empty ``path`` mode 0600: the registry holds the fleet's addresses and certificate fingerprints,
+    and SQLite gives its -wal and -shm files the mode of the database."""
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+
+
+def make_private(path: str) -> None:
+    """Take group and other access off a registry this user owns (one made before registries were created 0600)."""
+    info = os.stat(path)
+    if info.st_uid == os.getuid() and info.st_mode & 0o077:
+        os.chmod(path, info.st_mode & 0o700)
+
+
 def _connect(target: str, busy_timeout: float) -> sqlite3.Connection:
     conn = sqlite3.connect(target, timeout=busy_timeout, isolation_level=None)
     conn.row_factory = sqlite3.Row
@@ -198,6 +211,7 @@ class FleetRegistry:
                 if not create:
                     raise RegistryNotFound("no fleet registry at %s" % self.path)
                 os.makedirs(os.path.dirname(self.path), mode=0o700, exist_ok=True)
+                create_private(self.path)
             self._conn = _connect(self.path, busy_timeout)
             try:
                 self._conn.execute("PRAGMA journal_mode = WAL")
@@ -210,6 +224,8 @@ class FleetRegistry:
         except sqlite3.DatabaseError as exc:
             self._conn.close()
             raise not_a_registry(self.path, exc) from exc
+        if _conn is None:
+            make_private(self.path)  # only once it is known to be a registry: a refused file is left as found
 
     @classmethod
     def scratch_copy(cls, path: Optional[str] = None) -> FleetRegistry:

@@ -256,6 +256,7 @@ from ansible.module_utils.basic import AnsibleModule, env_fallback, missing_requ
 from ansible_collections.llmgw.fleet.plugins.module_utils._proxmox_args import (
     PROXMOX_REQUIRED_TOGETHER,
     proxmox_argument_spec,
+    warn_if_unverified,
 )
 from ansible_collections.llmgw.fleet.plugins.module_utils.proxmox_client import (
     ENV_FALLBACKS,
@@ -312,6 +313,7 @@ def main():
     params = module.params
     try:
         request = VMRequest(**dict((k, v) for k, v in params.items() if k not in CONNECTION_KEYS))
+        warn_if_unverified(module)
         client = ProxmoxClient.connect(settings_from_params(params))
         outcome = run_vm(client, request, check_mode=module.check_mode)
     except (Refusal, PlanError) as exc:

@@ -139,6 +139,7 @@ from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 from ansible_collections.llmgw.fleet.plugins.module_utils._proxmox_args import (
     PROXMOX_REQUIRED_TOGETHER,
     proxmox_argument_spec,
+    warn_if_unverified,
 )
 from ansible_collections.llmgw.fleet.plugins.module_utils.proxmox_client import (
     HAS_PROXMOXER,
@@ -167,6 +168,7 @@ def main():
         module.fail_json(msg=missing_required_lib("proxmoxer"), exception=PROXMOXER_IMPORT_ERROR)
     params = module.params
     try:
+        warn_if_unverified(module)
         client = ProxmoxClient.connect(settings_from_params(params))
         vms = vm_info(client, params["name"], params["vmid"], params["node"], params["include_config"])
     except ProxmoxError as exc:

@@ -181,6 +181,7 @@ from ansible_collections.llmgw.fleet.plugins.module_utils import first_boot, hos
 from ansible_collections.llmgw.fleet.plugins.module_utils._proxmox_args import (
     PROXMOX_REQUIRED_TOGETHER,
     proxmox_argument_spec,
+    warn_if_unverified,
 )
 from ansible_collections.llmgw.fleet.plugins.module_utils.proxmox_client import (
     HAS_PROXMOXER,
@@ -225,6 +226,7 @@ def write_text(module, path, text):
         handle.write(text)
     os.chmod(tmp, 0o600)
     module.atomic_move(tmp, path)
+    os.chmod(path, 0o600)  # atomic_move gives a new file the umask's mode (0644)
 
 
 def record_key(wait, path, known_text, settled):
@@ -306,6 +308,7 @@ def open_agent(module):
             module.fail_json(msg="host_key_source=agent needs proxmoxer (pip install proxmoxer requests)")
         return None, "proxmoxer is not installed"
     try:
+        warn_if_unverified(module)
         settings = settings_from_params(params, os.environ)
     except ProxmoxError as exc:
         if wanted:

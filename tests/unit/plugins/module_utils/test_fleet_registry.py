@@ -301,3 +301,23 @@ def test_a_file_that_is_not_a_registry_is_refused_and_left_as_it_is(tmp_path):
             opened()
     assert path.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fleet.db"]  # no -wal, no -shm, no journal
+
+
+def test_a_new_registry_is_mode_0600_an_older_one_is_tightened_a_foreign_file_is_left_as_found(tmp_path):
+    new = tmp_path / "fleet" / "fleet.db"
+    with FleetRegistry(str(new)) as registry:
+        registry.put_node("n1", fabric="f", gpu_count=0, state="ready", address="10.0.0.1")
+    assert oct(os.stat(str(new)).st_mode & 0o777) == "0o600"
+    assert all(oct(os.stat(str(p)).st_mode & 0o777) == "0o600" for p in tmp_path.glob("fleet/fleet.db-*"))
+
+    os.chmod(str(new), 0o644)
+    with FleetRegistry(str(new), create=False):
+        pass
+    assert oct(os.stat(str(new)).st_mode & 0o777) == "0o600"
+
+    foreign = tmp_path / "notes.db"
+    foreign.write_text("not a registry\n" * 100)
+    os.chmod(str(foreign), 0o644)
+    with pytest.raises(fleet_registry.RegistryCorrupt):
+        FleetRegistry(str(foreign), create=False)
+    assert oct(os.stat(str(foreign)).st_mode & 0o777) == "0o644"
