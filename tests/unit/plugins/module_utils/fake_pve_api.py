@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 from collections import namedtuple
 
+from ansible_collections.llmgw.fleet.plugins.module_utils.proxmox_client import match_vms
 from ansible_collections.llmgw.fleet.plugins.module_utils.proxmox_errors import (
     AlreadyExists,
     ConfigChanged,
@@ -208,6 +209,9 @@ class FakeProxmoxClient:
 
     def qemu_vms(self):
         return [g for g in self.guests() if g.get("type") == "qemu"]
+
+    def find_vms(self, name=None, vmid=None):
+        return match_vms(self.guests(), name=name, vmid=vmid)
 
     def next_free_id(self):
         self._record("next_free_id")
