@@ -235,6 +235,16 @@ def task_succeeded(exitstatus):
     return text == "OK" or text.startswith("WARNINGS:")
 
 
+def match_vms(guests, name=None, vmid=None):
+    """The VMs among ``guests`` (as ``guests()`` lists them) with exactly that name and/or that VMID: the one way
+    a VM is looked up. Containers share the VMID space but are never matched."""
+    return [
+        g for g in guests
+        if g.get("type") == "qemu" and (name is None or g.get("name") == name)
+        and (vmid is None or g["vmid"] == int(vmid))
+    ]
+
+
 def _translate(exc, what):
     """Map an exception of proxmoxer/requests to the typed error; None when it is none of theirs."""
     if not HAS_PROXMOXER:
@@ -346,6 +356,10 @@ class ProxmoxClient:
     def qemu_vms(self):
         """Only the VMs; containers share the VMID space but are never matched by name or address."""
         return [g for g in self.guests() if g.get("type") == "qemu"]
+
+    def find_vms(self, name=None, vmid=None):
+        """The VMs (templates included) called ``name`` and/or with VMID ``vmid``, in the API's order."""
+        return match_vms(self.guests(), name=name, vmid=vmid)
 
     def next_free_id(self):
         """The first free VMID of the datacenter's next-id range (PVE returns it as a string)."""

@@ -8,6 +8,7 @@ mode the same path runs with the writes left out.
 
 from __future__ import annotations
 
+from ansible_collections.llmgw.fleet.plugins.module_utils.proxmox_client import match_vms
 from ansible_collections.llmgw.fleet.plugins.module_utils.proxmox_errors import Locked, NotFound
 from ansible_collections.llmgw.fleet.plugins.module_utils.vm_plan import (
     DesiredVM,
@@ -142,7 +143,7 @@ class VMRunner:
     def _find(self, guests):
         """The VM named ``name`` (or None) and the VMID the request asks for (or None); refusals."""
         req = self.req
-        named = [g for g in guests if g.get("type") == "qemu" and g.get("name") == req.name]
+        named = match_vms(guests, name=req.name)
         if len(named) > 1:
             raise Refusal(
                 "name %r matches %d VMs: %s. Nothing was changed. Names must be unique in the fleet: rename or "
@@ -440,11 +441,7 @@ def run_vm(client, request, check_mode=False):
 def vm_info(client, name=None, vmid=None, node=None, include_config=False):
     """The VMs (never containers) matching every filter given, each read from its config."""
     vms = []
-    for guest in sorted(client.qemu_vms(), key=lambda g: g["vmid"]):
-        if name is not None and guest.get("name") != name:
-            continue
-        if vmid is not None and guest["vmid"] != int(vmid):
-            continue
+    for guest in sorted(client.find_vms(name=name, vmid=vmid), key=lambda g: g["vmid"]):
         if node is not None and guest.get("node") != node:
             continue
         try:

@@ -11,7 +11,8 @@ and name (``template`` dropped, the cloud-init drive re-made for the new VMID); 
 keeps the keys that need a boot in its pending section (and the cloud-init keys waiting for the drive to be
 re-made), which a start or a reboot applies; the ``digest`` changes with every change and a stale one is refused;
 a locked VM refuses changes; starting a running VM, rebooting a stopped one and destroying a running one fail as
-their PVE tasks do.
+their PVE tasks do. The guest agent answers as PVE's ``agent/*`` endpoints do for a VM given a guest
+(``add_guest``): not configured, VM not running and agent not running are the client's typed errors.
 """
 
 from __future__ import annotations
@@ -19,13 +20,18 @@ from __future__ import annotations
 import hashlib
 from collections import namedtuple
 
+from ansible_collections.llmgw.fleet.plugins.module_utils.proxmox_client import match_vms
 from ansible_collections.llmgw.fleet.plugins.module_utils.proxmox_errors import (
+    AgentNotConfigured,
+    AgentNotRunning,
     AlreadyExists,
     ConfigChanged,
     Locked,
     NotFound,
     TaskFailed,
+    VMNotRunning,
 )
+from ansible_collections.llmgw.fleet.plugins.module_utils.vm_plan import agent_enabled
 
 TEMPLATE_VMID = 9000
 TEMPLATE_NAME = "debian12-cloudinit"
@@ -93,6 +99,7 @@ class FakeVM:
         self.lock = lock
         self.type = guest_type
         self.unlock_after = unlock_after
+        self.guest = None
 
     def effective(self):
         """The config as GET config answers it: pending values applied, lock and digest added."""
@@ -144,6 +151,12 @@ class FakeProxmoxClient:
 
     def add_container(self, vmid, name, node=NODE, status="running"):
         return self.add_vm(vmid, name, config={"hostname": name}, node=node, status=status, guest_type="lxc")
+
+    def add_guest(self, vmid, guest):
+        """What runs inside VM ``vmid``, as its agent shows it: ``guest.exec(argv)`` answers
+        ``{"exitcode", "out", "err"}``, ``guest.read_file(path)`` the file's text, and ``guest.agent_running`` (when
+        it has one) says whether qemu-guest-agent answers yet. A VM without a guest has no agent answering."""
+        self.vms[vmid].guest = guest
 
     def fail(self, method, error, vmid=None):
         """The next call of ``method`` (for ``vmid``, where given) raises ``error`` and does nothing."""
@@ -208,6 +221,9 @@ class FakeProxmoxClient:
 
     def qemu_vms(self):
         return [g for g in self.guests() if g.get("type") == "qemu"]
+
+    def find_vms(self, name=None, vmid=None):
+        return match_vms(self.guests(), name=name, vmid=vmid)
 
     def next_free_id(self):
         self._record("next_free_id")
@@ -338,3 +354,27 @@ class FakeProxmoxClient:
             raise Locked("HTTP 500: VM is locked (%s)" % vm.lock, status=500)
         del self.vms[vm.vmid]
         return "OK"
+
+    # --------------------------------------------------------------------------------------- guest agent
+
+    def _agent(self, node, vmid):
+        vm = self._vm(node, vmid)
+        if not agent_enabled(vm.effective().get("agent")):
+            raise AgentNotConfigured("HTTP 500: No QEMU guest agent configured", status=500)
+        if vm.status != "running":
+            raise VMNotRunning("HTTP 500: VM %s is not running" % vmid, status=500)
+        if vm.guest is None or not getattr(vm.guest, "agent_running", True):
+            raise AgentNotRunning("HTTP 500: QEMU guest agent is not running", status=500)
+        return vm.guest
+
+    def agent_ping(self, node, vmid):
+        self._record("agent_ping", node=node, vmid=vmid)
+        self._agent(node, vmid)
+
+    def agent_exec(self, node, vmid, argv, timeout, input_data=None):
+        self._record("agent_exec", node=node, vmid=vmid, argv=[str(a) for a in argv], timeout=timeout)
+        return self._agent(node, vmid).exec([str(a) for a in argv])
+
+    def agent_read_file(self, node, vmid, path, timeout=30):
+        self._record("agent_read_file", node=node, vmid=vmid, path=path)
+        return self._agent(node, vmid).read_file(path)

@@ -6,6 +6,7 @@ import pytest
 from ansible_collections.llmgw.fleet.plugins.module_utils import proxmox_errors as errors
 from ansible_collections.llmgw.fleet.plugins.module_utils.proxmox_client import (
     ConnectionSettings,
+    ProxmoxClient,
     parse_upid,
     settings_from_params,
     task_succeeded,
@@ -116,3 +117,37 @@ def test_upid_names_its_node_type_and_vm():
 )
 def test_warnings_are_success_and_anything_else_is_failure(exitstatus, ok):
     assert task_succeeded(exitstatus) is ok
+
+
+RESOURCES = [
+    {"vmid": "1105", "name": "node05", "type": "qemu", "node": "pve", "template": 0},
+    {"vmid": 105, "name": "node05", "type": "lxc", "node": "pve"},
+    {"vmid": 9000, "name": "debian12-cloudinit", "type": "qemu", "node": "pve", "template": 1},
+    {"vmid": 1106, "name": "node05", "type": "qemu", "node": "pve2", "template": 0},
+]
+
+
+class ResourcesApi:
+    """proxmoxer's shape for the one read find_vms makes: api("cluster/resources").get(type="vm")."""
+
+    def __call__(self, path):
+        assert path == "cluster/resources", path
+
+        class Resource:
+            @staticmethod
+            def get(**params):
+                assert params == {"type": "vm"}
+                return [dict(entry) for entry in RESOURCES]
+
+        return Resource()
+
+
+def test_vms_are_found_by_exact_name_or_vmid_never_as_containers():
+    client = ProxmoxClient(ResourcesApi())
+    assert [(vm["vmid"], vm["node"]) for vm in client.find_vms(name="node05")] == [(1105, "pve"), (1106, "pve2")]
+    assert [vm["vmid"] for vm in client.find_vms(vmid="1106")] == [1106]
+    assert client.find_vms(vmid=105) == [] and client.find_vms(name="node0") == []
+    (template,) = client.find_vms(name="debian12-cloudinit")
+    assert template["template"] is True
+    assert [vm["vmid"] for vm in client.find_vms(name="node05", vmid=1106)] == [1106]
+    assert [vm["vmid"] for vm in client.find_vms()] == [1105, 9000, 1106]
