@@ -118,6 +118,13 @@ fleet_engine_args:
   returned: always
   type: list
   elements: str
+fleet_speed:
+  description: The node's speed as onboarding measured it against its own scalar baseline - C(variant), C(threads),
+    C(vcpus), C(pp) and C(tg) (tokens per second of prompt processing and generation), C(baseline_pp) and
+    C(baseline_tg) (with C(x64) forced), C(pp_ratio) and C(tg_ratio); C({}) when not measured. For example
+    C(keyed_groups) on C(fleet_speed.variant), or C(groups) such as C(fast - fleet_speed.pp_ratio | default(0) > 10).
+  returned: always
+  type: dict
 fleet_cert_fingerprint:
   description: SHA-256 fingerprint of the node's certificate.
   returned: always
@@ -140,7 +147,7 @@ from ansible_collections.llmgw.fleet.plugins.module_utils import fleet_registry
 display = Display()
 
 HOST_VARS = ("vmid", "proxmox_node", "fabric", "gpu_type", "free_gpus", "cpu_variant", "engine_version",
-             "engine_args", "cert_fingerprint", "state", "reasons", "last_seen", "address")
+             "engine_args", "speed", "cert_fingerprint", "state", "reasons", "last_seen", "address")
 
 
 def group_name(prefix: str, value: str) -> str:

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, List, Mapping, Sequence
+from typing import Dict, List, Mapping, Optional, Sequence
 
 NAMED_NODES = 8  # nodes named per fabric in a refusal before "and N more"
 NAMED_FABRICS = 8  # fabrics described in a refusal before the rest are summed up
@@ -259,10 +259,10 @@ def status_lines(nodes: Sequence[Mapping], replicas: Sequence[Mapping]) -> List[
             sum(n["gpu_count"] for n in ready)))
         rows = [[
             n["name"], n["state"], "%d/%d" % (n["free_gpus"], n["gpu_count"]), n.get("gpu_type"), n.get("address"),
-            n.get("last_seen"), " ".join(sorted(held.get(n["name"], []))),
+            n.get("last_seen"), speed_words(n.get("speed")), " ".join(sorted(held.get(n["name"], []))),
         ] for n in members]
         lines.extend("  " + line for line in _table(
-            ["NODE", "STATE", "FREE/GPUS", "GPU TYPE", "ADDRESS", "LAST SEEN", "SHARDS"], rows))
+            ["NODE", "STATE", "FREE/GPUS", "GPU TYPE", "ADDRESS", "LAST SEEN", "SPEED", "SHARDS"], rows))
         lines.extend(_reason_lines(members))
         lines.extend("  %s: every llama-server there runs with %s (found at onboarding)"
                      % (n["name"], " ".join(n["engine_args"])) for n in members if n.get("engine_args"))
@@ -286,6 +286,15 @@ def status_lines(nodes: Sequence[Mapping], replicas: Sequence[Mapping]) -> List[
         ["REPLICA", "STATE", "MODEL", "ENGINE", "SHARDS", "FABRIC", "RANK:NODE[GPUS]"], rows))
     lines.extend(_reason_lines(sorted(replicas, key=lambda r: r["name"])))
     return lines
+
+
+def speed_words(speed: Optional[Mapping]) -> str:
+    """A node's measured speed in one cell: its CPU backend, prompt and generation tokens/s, and how many times
+    its own scalar baseline it runs prompts at ('-' when onboarding did not measure it)."""
+    if not speed:
+        return "-"
+    return "%s pp %.0f tg %.0f t/s %.1fx x64 %dt" % (speed["variant"], speed["pp"], speed["tg"], speed["pp_ratio"],
+                                                    speed["threads"])
 
 
 def _reason_lines(records: Sequence[Mapping]) -> List[str]:

@@ -29,10 +29,10 @@ DEFAULT_BUSY_TIMEOUT = 30.0
 SHARD_STATES = ("pending", "starting", "active", "failed")
 
 NODE_FIELDS = ("address", "vmid", "proxmox_node", "fabric", "gpu_count", "gpu_type", "cpu_variant",
-               "engine_version", "engine_args", "cert_fingerprint", "state", "reasons", "last_seen")
+               "engine_version", "engine_args", "speed", "cert_fingerprint", "state", "reasons", "last_seen")
 REPLICA_FIELDS = ("model", "engine", "shard_count", "gpus_per_shard", "fabric", "gpu_type", "avoid_nodes",
                   "port", "options", "state", "reasons")
-_JSON_FIELDS = {"reasons": list, "avoid_nodes": list, "options": dict, "engine_args": list}
+_JSON_FIELDS = {"reasons": list, "avoid_nodes": list, "options": dict, "engine_args": list, "speed": dict}
 _REPLICA_JSON_FIELDS = ("reasons", "avoid_nodes", "options")
 # Text fields a caller may clear by passing "" (None means "leave as it is").
 _CLEARABLE = ("address", "proxmox_node", "gpu_type", "cpu_variant", "engine_version", "cert_fingerprint", "fabric")
@@ -111,6 +111,11 @@ MIGRATIONS: Tuple[Tuple[int, str, Tuple[str, ...]], ...] = (
     # Arguments every llama-server on the node gets, found at onboarding (--no-repack where AMX faults).
     (2, "nodes.engine_args", (
         "ALTER TABLE nodes ADD COLUMN engine_args TEXT NOT NULL DEFAULT '[]'",
+    )),
+    # The speed probe's numbers: llama-bench with the picked CPU backend and with the scalar x64 one, their ratios,
+    # the variant and threads ({} until measured).
+    (3, "nodes.speed", (
+        "ALTER TABLE nodes ADD COLUMN speed TEXT NOT NULL DEFAULT '{}'",
     )),
 )
 LATEST_VERSION = MIGRATIONS[-1][0]
@@ -352,6 +357,7 @@ class FleetRegistry:
             node = {key: row[key] for key in ("name",) + NODE_FIELDS}
             node["reasons"] = json.loads(node["reasons"])
             node["engine_args"] = json.loads(node["engine_args"])
+            node["speed"] = json.loads(node["speed"])
             node["free_gpus"] = node["gpu_count"] - held.get(row["name"], 0)
             node["shards"] = shards.get(row["name"], [])
             nodes.append(node)
@@ -425,6 +431,8 @@ class FleetRegistry:
         for key in ("reasons", "engine_args"):
             if not isinstance(record.get(key, []), list):
                 raise RegistryConflict("node %s: %s must be a list" % (name, key))
+        if not isinstance(record.get("speed", {}), dict):
+            raise RegistryConflict("node %s: speed must be a mapping" % name)
 
     def _check_fabric_move(self, name: str, fabric: str) -> None:
         rows = self._conn.execute(

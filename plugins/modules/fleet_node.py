@@ -79,6 +79,13 @@ options:
       (C(llmgw.fleet.engine_completion_check)); for example C([--no-repack]) where AMX faults. C([]) clears them.
     type: list
     elements: str
+  speed:
+    description:
+      - The node's speed as onboarding's probe measured it (C(llmgw.fleet.engine_speed_probe)) - C(variant),
+        C(threads), C(vcpus), tokens per second of prompt processing C(pp) and generation C(tg) with the picked CPU
+        backend, C(baseline_pp) and C(baseline_tg) with the scalar C(x64) one, and the ratios C(pp_ratio) and
+        C(tg_ratio). Replaced whole; C({}) clears it.
+    type: dict
   cert_fingerprint:
     description: SHA-256 fingerprint of the node's certificate.
     type: str
@@ -153,7 +160,7 @@ from ansible_collections.llmgw.fleet.plugins.module_utils import fleet_registry,
 FIELDS = {"status": "state", "reasons": "reasons", "address": "address", "vmid": "vmid",
           "proxmox_node": "proxmox_node", "fabric": "fabric", "gpus": "gpu_count", "gpu_type": "gpu_type",
           "cpu_variant": "cpu_variant", "engine_version": "engine_version", "engine_args": "engine_args",
-          "cert_fingerprint": "cert_fingerprint",
+          "speed": "speed", "cert_fingerprint": "cert_fingerprint",
           "last_seen": "last_seen"}
 
 
@@ -173,6 +180,7 @@ def main():
             cpu_variant=dict(type="str"),
             engine_version=dict(type="str"),
             engine_args=dict(type="list", elements="str"),
+            speed=dict(type="dict"),
             cert_fingerprint=dict(type="str"),
             last_seen=dict(type="str"),
             db=dict(type="path"),

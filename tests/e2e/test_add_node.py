@@ -16,6 +16,7 @@ from onboard_e2e import Controller, assert_refused_not_ready, lab_engine, lab_se
 from ansible_collections.llmgw.fleet.plugins.module_utils import ggml_cpu_variants as gcv
 
 NODE, OCTET = "on-add", 112
+SPEED_PROBE = "Measure the node's speed against its own scalar baseline (llama-bench, the picked backend, then x64)"
 ASK = "Ask whether the engine is installed and its checks passed for exactly what this node has now"
 COMPLETION = "Check that llama-server answers a completion on a quantized model, and with which arguments"
 LIBGOMP = "/usr/lib/x86_64-linux-gnu/libgomp.so.1"
@@ -71,6 +72,12 @@ def test_add_node_from_nothing_to_ready_then_nothing_to_change(lab, engine, tmp_
     assert (record["cpu_variant"], record["engine_version"]) == (host_variant, "b11434")
     assert record["engine_args"] in ([], ["--no-repack"])  # what the completion probe found this CPU needs
     assert record["cert_fingerprint"] == colon_fingerprint(cert)
+    # The speed probe measured the node against its own scalar baseline, and the registry keeps the numbers.
+    speed = record["speed"]
+    assert speed["variant"] == host_variant and speed["threads"] == speed["vcpus"] >= 1, speed
+    assert speed["pp_ratio"] >= 2.0 and speed["pp"] > speed["baseline_pp"] > 0, speed
+    (probe,) = task_results(first, SPEED_PROBE)
+    assert probe["speed"] == speed and len(probe["ran"]) == 2, probe
     assert cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == NODE
 
     on_node = controller.ssh(NODE, OCTET, "hostname; sudo stat -c '%n %a %U' /etc/llmgw/tls/ca.crt "
@@ -89,6 +96,7 @@ def test_add_node_from_nothing_to_ready_then_nothing_to_change(lab, engine, tmp_
     (asked,) = task_results(second, ASK)
     assert asked["current"] is True and asked["report"]["ready"] is True, asked
     assert not [r for r in task_results(second, COMPLETION) if not r.get("skipped")]
+    assert not [r for r in task_results(second, SPEED_PROBE) if not r.get("skipped")]
 
     again = controller.play("add_node", NODE, OCTET, check=True, **options)
     assert not again.failed, again.failure_messages()

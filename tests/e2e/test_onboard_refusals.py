@@ -16,6 +16,7 @@ from pve_vm_e2e import TIMEOUT
 from test_engine_checks import copy_engine, pack, wrap_help
 
 KVM64_NODE, KVM64_OCTET = "on-kvm64", 119
+SPEED_PROBE = "Measure the node's speed against its own scalar baseline (llama-bench, the picked backend, then x64)"
 
 
 @pytest.fixture(scope="module")
@@ -119,6 +120,25 @@ def test_a_hostname_or_vm_name_that_is_not_the_nodes_name_is_refused_naming_both
                              "Proxmox VE, not on-name", "qm set 1116 --name on-name")
 
 
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs a node with 2 vCPUs or more")
+def test_an_engine_held_to_one_thread_is_refused_naming_threads_and_vcpus_then_allowed_with_a_warning(controller):
+    node, octet = "on-thread", 118
+    vcpus = len(os.sched_getaffinity(0))  # an nspawn node sees the machine's CPUs
+    run = controller.play("add_node", node, octet, engine_speed_threads=1)
+    record = assert_refused_not_ready(controller, run, node, "on-thread cannot serve with this engine",
+                                      "the engine runs 1 thread where the node has %d vCPUs" % vcpus,
+                                      "--threads %d" % vcpus)
+    (probe,) = task_results(run, SPEED_PROBE)
+    assert probe["speed"]["threads"] == 1 and probe["speed"]["pp_ratio"] >= 2.0, probe
+    assert record["state"] == "pending" and record["speed"] == probe["speed"]
+
+    allowed = controller.play("add_node", node, octet, engine_speed_threads=1, allow_slow_node=True)
+    assert not allowed.failed, allowed.failure_messages()
+    (probe,) = task_results(allowed, SPEED_PROBE)
+    assert any("registered anyway (allow_slow_node)" in w and "1 thread" in w for w in probe["warnings"]), probe
+    assert controller.record(node)["state"] == "ready"
+
+
 def test_a_kvm64_vm_really_loads_x64_and_is_refused_naming_cpu_type_flags_and_fix(kvm64_node):
     controller, adding = kvm64_node
     run = adding.result()
@@ -130,5 +150,11 @@ def test_a_kvm64_vm_really_loads_x64_and_is_refused_naming_cpu_type_flags_and_fi
     assert cpu["loaded"] == "x64" == cpu["predicted"]
     assert cpu["load_backend_line"].endswith("/libggml-cpu-x64.so")
     assert controller.record(KVM64_NODE)["cpu_variant"] == "x64"
+    # The speed probe says the same in numbers: the backend is the scalar baseline, ratio 1.
+    (probe,) = task_results(run, SPEED_PROBE)
+    assert probe["speed"]["variant"] == "x64" and probe["speed"]["pp_ratio"] == 1.0, probe
+    assert controller.record(KVM64_NODE)["speed"] == probe["speed"]  # pending, with its numbers recorded
+    assert any("its CPU backend x64 is the scalar baseline itself" in reason
+               for reason in controller.record(KVM64_NODE)["reasons"])
     assert not any(r.get("msg", "").startswith("on-kvm64 is ready")
                    for r in task_results(run, "Print the time from nothing to ready"))

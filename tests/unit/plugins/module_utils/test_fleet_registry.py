@@ -59,7 +59,7 @@ def test_new_registry_is_wal_with_a_schema_version(registry, db):
     assert registry.schema_version() == fleet_registry.LATEST_VERSION
     raw = sqlite3.connect(db)
     assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    assert raw.execute("SELECT version FROM schema_version").fetchall() == [(1,), (2,)]
+    assert raw.execute("SELECT version FROM schema_version").fetchall() == [(1,), (2,), (3,)]
     raw.close()
 
 
@@ -73,13 +73,35 @@ def test_a_version_1_registry_gains_engine_args_and_keeps_its_nodes(db, monkeypa
         old._conn.execute("COMMIT")
     monkeypatch.undo()
     with FleetRegistry(db) as reg:
-        assert reg.schema_version() == 2
+        assert reg.schema_version() == fleet_registry.LATEST_VERSION
         node = reg.get_node("node01")
         assert node["state"] == "ready" and node["engine_args"] == []
         _before, after = reg.put_node("node01", engine_args=["--no-repack"])
         assert after["engine_args"] == ["--no-repack"]
         with pytest.raises(RegistryConflict, match="engine_args must be a list"):
             reg.put_node("node01", engine_args="--no-repack")
+
+
+def test_a_version_2_registry_gains_an_unmeasured_speed_and_records_a_probe(db, monkeypatch):
+    monkeypatch.setattr(fleet_registry, "MIGRATIONS", fleet_registry.MIGRATIONS[:2])
+    monkeypatch.setattr(fleet_registry, "LATEST_VERSION", 2)
+    with FleetRegistry(db) as old:
+        old._conn.execute("BEGIN IMMEDIATE")
+        old._conn.execute("INSERT INTO nodes (name, fabric, state, engine_args, created_at, updated_at) "
+                          "VALUES ('node01', 'ib-a', 'ready', '[\"--no-repack\"]', 'then', 'then')")
+        old._conn.execute("COMMIT")
+    monkeypatch.undo()
+    speed = {"variant": "haswell", "threads": 8, "vcpus": 8, "pp": 410.5, "tg": 61.0,
+             "baseline_pp": 22.0, "baseline_tg": 9.1, "pp_ratio": 18.66, "tg_ratio": 6.7}
+    with FleetRegistry(db) as reg:
+        assert reg.schema_version() == 3
+        node = reg.get_node("node01")
+        assert node["speed"] == {} and node["engine_args"] == ["--no-repack"] and node["state"] == "ready"
+        _before, after = reg.put_node("node01", speed=speed)
+        assert after["speed"] == speed
+        assert reg.put_node("node01", speed=dict(speed))[0] == reg.get_node("node01")  # the same numbers: no change
+        with pytest.raises(RegistryConflict, match="speed must be a mapping"):
+            reg.put_node("node01", speed=[410.5])
 
 
 def test_missing_registry_is_not_created_when_asked_not_to(db):
