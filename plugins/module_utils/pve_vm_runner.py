@@ -8,6 +8,7 @@ mode the same path runs with the writes left out.
 
 from __future__ import annotations
 
+from ansible_collections.llmgw.fleet.plugins.module_utils import vm_fields
 from ansible_collections.llmgw.fleet.plugins.module_utils.proxmox_client import match_vms
 from ansible_collections.llmgw.fleet.plugins.module_utils.proxmox_errors import Locked, NotFound
 from ansible_collections.llmgw.fleet.plugins.module_utils.vm_plan import (
@@ -31,7 +32,7 @@ from ansible_collections.llmgw.fleet.plugins.module_utils.vm_plan import (
     slow_cpu_variant,
 )
 
-STATES = ("present", "started", "stopped", "absent")
+STATES = vm_fields.BY_NAME["state"].choices
 
 
 class Refusal(Exception):
@@ -39,69 +40,19 @@ class Refusal(Exception):
 
 
 class VMRequest:
-    """The module's parameters, as the runner needs them."""
+    """The module's parameters, as the runner needs them: one attribute per pve_vm option (vm_fields.OPTIONS),
+    with the defaults the module documents."""
 
-    def __init__(
-        self,
-        name,
-        state="present",
-        address=None,
-        gateway=None,
-        vmid=None,
-        vmid_base=1000,
-        node=None,
-        clone=None,
-        full_clone=True,
-        storage=None,
-        pool=None,
-        cpu="host",
-        allow_slow_cpu=False,
-        cores=None,
-        memory=None,
-        agent=None,
-        onboot=None,
-        ciuser=None,
-        sshkeys=None,
-        nameserver=None,
-        searchdomain=None,
-        cloudinit_storage=None,
-        bridge="vmbr0",
-        timeout=600,
-        shutdown_timeout=120,
-        reboot_if_needed=False,
-    ):
-        if state not in STATES:
-            raise PlanError("state %r is not one of %s" % (state, ", ".join(STATES)))
-        self.name = name
-        self.state = state
-        self.address = address
-        self.gateway = gateway
-        self.vmid = vmid
-        self.vmid_base = vmid_base
-        self.node = node
-        self.clone = clone
-        self.full_clone = full_clone
-        self.storage = storage
-        self.pool = pool
-        self.cpu = cpu
-        self.allow_slow_cpu = allow_slow_cpu
-        self.cores = cores
-        self.memory = memory
-        self.agent = agent
-        self.onboot = onboot
-        self.ciuser = ciuser
-        self.sshkeys = sshkeys
-        self.nameserver = nameserver
-        self.searchdomain = searchdomain
-        self.cloudinit_storage = cloudinit_storage
-        self.bridge = bridge
-        self.timeout = timeout
-        self.shutdown_timeout = shutdown_timeout
-        self.reboot_if_needed = reboot_if_needed
+    def __post_init__(self):
+        if self.state not in STATES:
+            raise PlanError("state %r is not one of %s" % (self.state, ", ".join(STATES)))
 
     @property
     def manages_identity(self):
         return self.address is not None or self.vmid is not None
+
+
+VMRequest = vm_fields.record_class(VMRequest, vm_fields.OPTIONS)
 
 
 class Outcome:
@@ -205,21 +156,10 @@ class VMRunner:
 
     def _desired(self, vmid):
         req = self.req
-        return DesiredVM(
-            name=req.name,
-            vmid=vmid,
-            cpu=req.cpu,
-            cores=req.cores,
-            memory=req.memory,
-            agent=req.agent,
-            onboot=req.onboot,
-            ciuser=req.ciuser,
-            sshkeys=req.sshkeys,
-            ipconfig0=ipconfig0_for(req.address, req.gateway) if req.address else None,
-            nameserver=req.nameserver,
-            searchdomain=req.searchdomain,
-            cloudinit_storage=req.cloudinit_storage,
-        )
+        # Every desired field the request carries as it is; vmid (resolved) and ipconfig0 (derived) apart.
+        values = dict((f.name, getattr(req, f.name)) for f in vm_fields.DESIRED if f.option)
+        values.update(vmid=vmid, ipconfig0=ipconfig0_for(req.address, req.gateway) if req.address else None)
+        return DesiredVM(**values)
 
     def _check_cpu(self):
         if self.req.cpu is None:

@@ -13,9 +13,10 @@ import ipaddress
 from collections import namedtuple
 from urllib.parse import quote, unquote
 
+from ansible_collections.llmgw.fleet.plugins.module_utils import vm_fields
 from ansible_collections.llmgw.fleet.plugins.module_utils.ggml_cpu_variants import PVE_CPU_MODEL_VARIANT, SLOW_VARIANTS
 
-DEFAULT_VMID_BASE = 1000
+DEFAULT_VMID_BASE = vm_fields.default("vmid_base")
 MIN_VMID = 100  # pve_verify_vmid: ^[1-9][0-9]{2,8}$
 MAX_VMID = 999999999
 PVE_DEFAULT_CPU = "kvm64"
@@ -293,56 +294,22 @@ def cloudinit_drive(config):
 
 
 class DesiredVM:
-    """What the task asks for. ``None`` in a field means: not managed, leave as it is."""
+    """What the task asks for. ``None`` in a field means: not managed, leave as it is.
 
-    FIELDS = (
-        "name",
-        "vmid",
-        "cpu",
-        "cores",
-        "memory",
-        "agent",
-        "onboot",
-        "ciuser",
-        "sshkeys",
-        "ipconfig0",
-        "nameserver",
-        "searchdomain",
-        "cloudinit_storage",
-    )
+    Its fields are the table's DESIRED fields (vm_fields): ``name`` and ``vmid`` required, the rest ``None``
+    unless given. ``sshkeys``, ``nameserver`` and ``searchdomain`` are normalized on construction.
+    """
 
-    def __init__(
-        self,
-        name,
-        vmid,
-        cpu=None,
-        cores=None,
-        memory=None,
-        agent=None,
-        onboot=None,
-        ciuser=None,
-        sshkeys=None,
-        ipconfig0=None,
-        nameserver=None,
-        searchdomain=None,
-        cloudinit_storage=None,
-    ):
-        self.name = name
-        self.vmid = vmid
-        self.cpu = cpu
-        self.cores = cores
-        self.memory = memory
-        self.agent = agent
-        self.onboot = onboot
-        self.ciuser = ciuser
-        self.sshkeys = normalize_sshkeys(sshkeys)
-        self.ipconfig0 = ipconfig0
-        self.nameserver = _join_words(nameserver)
-        self.searchdomain = _join_words(searchdomain)
-        self.cloudinit_storage = cloudinit_storage
+    def __post_init__(self):
+        self.sshkeys = normalize_sshkeys(self.sshkeys)
+        self.nameserver = _join_words(self.nameserver)
+        self.searchdomain = _join_words(self.searchdomain)
 
     def as_dict(self):
         return dict((field, getattr(self, field)) for field in self.FIELDS)
+
+
+DesiredVM = vm_fields.record_class(DesiredVM, vm_fields.DESIRED, defaults=False)
 
 
 def _join_words(value):
@@ -502,7 +469,8 @@ def plan_config(desired, current, running=False):
                     "cloud-init drive yourself"
                     % (DEFAULT_CLOUDINIT_SLOT, current[DEFAULT_CLOUDINIT_SLOT], DEFAULT_CLOUDINIT_SLOT)
                 )
-            storage = desired.cloudinit_storage or "local-lvm"
+            # A DesiredVM built without cloudinit_storage gets the drive where the module puts it by default.
+            storage = desired.cloudinit_storage or vm_fields.default("cloudinit_storage")
             value = "%s:cloudinit" % storage
             changes.append(Change(CLOUDINIT_DRIVE_KEY, None, "%s=%s" % (DEFAULT_CLOUDINIT_SLOT, value), bool(running)))
             params[DEFAULT_CLOUDINIT_SLOT] = value

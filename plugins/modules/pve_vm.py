@@ -253,13 +253,13 @@ pending:
 
 from ansible.module_utils.basic import AnsibleModule, env_fallback, missing_required_lib
 
+from ansible_collections.llmgw.fleet.plugins.module_utils import vm_fields
 from ansible_collections.llmgw.fleet.plugins.module_utils._proxmox_args import (
     PROXMOX_REQUIRED_TOGETHER,
     proxmox_argument_spec,
     warn_if_unverified,
 )
 from ansible_collections.llmgw.fleet.plugins.module_utils.proxmox_client import (
-    ENV_FALLBACKS,
     HAS_PROXMOXER,
     PROXMOXER_IMPORT_ERROR,
     ProxmoxClient,
@@ -267,44 +267,23 @@ from ansible_collections.llmgw.fleet.plugins.module_utils.proxmox_client import 
 )
 from ansible_collections.llmgw.fleet.plugins.module_utils.proxmox_errors import ProxmoxError, TaskFailed, Timeout
 from ansible_collections.llmgw.fleet.plugins.module_utils.pve_vm_runner import Refusal, VMRequest, run_vm
-from ansible_collections.llmgw.fleet.plugins.module_utils.vm_plan import DEFAULT_VMID_BASE, PlanError
+from ansible_collections.llmgw.fleet.plugins.module_utils.vm_plan import PlanError
 
-VM_OPTIONS = dict(
-    name=dict(type="str", required=True),
-    state=dict(type="str", default="present", choices=["present", "started", "stopped", "absent"]),
-    address=dict(type="str"),
-    gateway=dict(type="str"),
-    vmid=dict(type="int"),
-    vmid_base=dict(type="int", default=DEFAULT_VMID_BASE),
-    node=dict(type="str", fallback=(env_fallback, [ENV_FALLBACKS["node"]])),
-    clone=dict(type="str"),
-    full_clone=dict(type="bool", default=True),
-    storage=dict(type="str"),
-    pool=dict(type="str"),
-    cpu=dict(type="str", default="host"),
-    allow_slow_cpu=dict(type="bool", default=False),
-    cores=dict(type="int"),
-    memory=dict(type="int"),
-    agent=dict(type="bool"),
-    onboot=dict(type="bool"),
-    ciuser=dict(type="str"),
-    sshkeys=dict(type="raw", no_log=False),
-    nameserver=dict(type="raw"),
-    searchdomain=dict(type="raw"),
-    cloudinit_storage=dict(type="str", default="local-lvm"),
-    bridge=dict(type="str", default="vmbr0"),
-    reboot_if_needed=dict(type="bool", default=False),
-    timeout=dict(type="int", default=600),
-    shutdown_timeout=dict(type="int", default=120),
-)
+# The VM options, their types and defaults come from the one table of VM fields (module_utils/vm_fields.py);
+# tests/unit/plugins/module_utils/test_vm_fields.py checks DOCUMENTATION above against it.
 CONNECTION_KEYS = set(proxmox_argument_spec())
 
 
+def argument_spec():
+    """The connection options (shared by every Proxmox module) and the VM options."""
+    spec = proxmox_argument_spec()
+    spec.update(vm_fields.argument_spec(env_fallback))
+    return spec
+
+
 def main():
-    argument_spec = proxmox_argument_spec()
-    argument_spec.update(VM_OPTIONS)
     module = AnsibleModule(
-        argument_spec=argument_spec,
+        argument_spec=argument_spec(),
         required_together=PROXMOX_REQUIRED_TOGETHER,
         supports_check_mode=True,
     )
