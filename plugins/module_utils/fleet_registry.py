@@ -6,12 +6,13 @@ Where it lives: the ``db`` option of whatever uses it, else ``$LLMGW_FLEET_DB``,
 
 Durability and concurrency: WAL journal, foreign keys on, every change in one ``BEGIN IMMEDIATE``
 transaction (an interrupted playbook leaves the change out entirely, never half a replica), and a busy
-timeout so concurrent playbooks on one controller queue for the write lock instead of failing. Placement
-and repair read the fleet, solve and write the answer inside one write transaction, so two playbooks placing
-at once cannot hand out the same GPU; the ``shard_gpus`` primary key refuses it at the
+timeout so concurrent playbooks on one controller queue for the write lock instead of failing. Callers that
+read, decide and write (placement and repair in :mod:`fleet_service`) do it inside one :meth:`transaction`, so
+two playbooks placing at once cannot hand out the same GPU; the ``shard_gpus`` primary key refuses it at the
 database level too.
 
-The parts: :mod:`_registry_rows` (states, fields, errors, row <-> dict), :mod:`_registry_nodes` and
+Storage only: schema, migrations, queries, transactions and typed errors; it knows nothing of the solver. The
+parts: :mod:`_registry_rows` (states, fields, errors, row <-> dict), :mod:`_registry_nodes` and
 :mod:`_registry_replicas` (the queries and checked writes); this module is the one callers import.
 
 The schema is versioned (``schema_version``); :data:`MIGRATIONS` upgrade an older file when it is opened.
@@ -22,9 +23,8 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
-from typing import Dict, Iterator, Mapping, Optional, Sequence, Tuple
+from typing import Dict, Iterator, Mapping, Optional, Tuple
 
-from ansible_collections.llmgw.fleet.plugins.module_utils import placement
 from ansible_collections.llmgw.fleet.plugins.module_utils._registry_nodes import NodeStore
 from ansible_collections.llmgw.fleet.plugins.module_utils._registry_replicas import ReplicaStore
 from ansible_collections.llmgw.fleet.plugins.module_utils._registry_rows import (
@@ -45,9 +45,8 @@ from ansible_collections.llmgw.fleet.plugins.module_utils._registry_rows import 
 
 __all__ = ["DEFAULT_BUSY_TIMEOUT", "ENV_VAR", "LATEST_VERSION", "MIGRATIONS", "NODE_FIELDS", "NODE_STATES",
            "REPLICA_FIELDS", "REPLICA_STATES", "SHARD_STATES", "FleetRegistry", "RegistryConflict", "RegistryCorrupt",
-           "RegistryError", "RegistryNotFound", "RegistrySchemaError", "comparable", "create_private", "default_path",
-           "make_private", "normalize_timestamp", "not_a_registry", "open_for_module", "resolve_path",
-           "to_solver_replica", "utc_now"]
+           "RegistryError", "RegistryNotFound", "RegistrySchemaError", "create_private", "default_path", "make_private",
+           "normalize_timestamp", "not_a_registry", "open_for_module", "resolve_path", "utc_now"]
 
 ENV_VAR = "LLMGW_FLEET_DB"
 DEFAULT_BUSY_TIMEOUT = 30.0
@@ -292,66 +291,6 @@ class FleetRegistry(NodeStore, ReplicaStore):
             self._depth = 0
             self._conn.execute("COMMIT")
 
-    # -- the solver, inside one write transaction --------------------------------------------------------
-
-    def load_fleet(self) -> placement.Fleet:
-        with self.snapshot_read():
-            nodes = [placement.Node(name=r["name"], fabric=r["fabric"], gpus=r["gpu_count"], state=r["state"],
-                                    gpu_type=r["gpu_type"])
-                     for r in self._conn.execute("SELECT name, fabric, gpu_count, state, gpu_type FROM nodes")]
-            replicas = [to_solver_replica(r) for r in self._replicas()]
-        return placement.Fleet(nodes, replicas)
-
-    def place(self, name: str) -> Tuple[dict, dict, dict]:
-        """Place a recorded replica that holds no shards. Returns (decision, before, after); a refusal
-        records the replica as failed with the reason."""
-        with self.transaction():
-            before = self.get_replica(name)
-            if before is None:
-                raise RegistryNotFound("no replica %s" % name)
-            if before["shards"]:
-                raise RegistryConflict("replica %s already holds shards; repair it instead" % name)
-            fleet = self.load_fleet()
-            request = fleet.replicas[name].as_request()
-            others = placement.Fleet(fleet.nodes.values(), [r for r in fleet.replicas.values() if r.name != name])
-            decision = placement.place(others, request)
-            self._record(before, decision)
-            return decision.to_dict(), before, self.get_replica(name)
-
-    def repair(self, name: str) -> Tuple[dict, dict, dict]:
-        """Repair a replica after a node loss; reaped survivors are removed here and returned (with their
-        node addresses) in ``decision['reaped_shards']``: the caller must stop them."""
-        with self.transaction():
-            before = self.get_replica(name)
-            if before is None:
-                raise RegistryNotFound("no replica %s" % name)
-            decision = placement.repair(self.load_fleet(), name)
-            self._record(before, decision)
-            out = decision.to_dict()
-            addresses = {s["node"]: s["address"] for s in before["shards"]}
-            for shard in out["reaped_shards"]:
-                shard["address"] = addresses.get(shard["node"])
-            return out, before, self.get_replica(name)
-
-    def _record(self, before: Mapping, decision) -> None:
-        name = before["name"]
-        if decision.placed and decision.action == "keep":
-            return
-        if not decision.placed:
-            self.set_shards(name, [])
-            self.put_replica(name, state="failed", reasons=[decision.reason])
-            return
-        states = {s["node"]: (self.get_node(s["node"]) or {}).get("state") for s in before["shards"]}
-        self.set_shards(name, [s.to_dict() for s in decision.shards])
-        lost = ", ".join(sorted(n for n, state in states.items() if state not in placement.LIVE_NODE_STATES))
-        # placement.broken_reason is the one definition of what made it need this (failed, a shard not live, ...)
-        cause = "after losing %s" % lost if lost else "(%s)" % placement.broken_reason(
-            before["shard_count"], [(s["rank"], s["node"]) for s in before["shards"]], states, before["state"])
-        why = {"place": "placed on %s" % decision.fabric,
-               "repair": "repaired on %s %s" % (decision.fabric, cause),
-               "move": "moved to %s %s" % (decision.fabric, cause)}[decision.action]
-        self.put_replica(name, state="placing", reasons=[why])
-
     # -- the whole fleet ----------------------------------------------------------------------------------
 
     def snapshot(self) -> dict:
@@ -371,26 +310,6 @@ class FleetRegistry(NodeStore, ReplicaStore):
                 entry["largest_free"] = max(entry["largest_free"], node["free_gpus"])
         return {"path": self.path, "schema_version": self.schema_version(), "nodes": nodes, "replicas": replicas,
                 "fabrics": fabrics}
-
-
-def to_solver_replica(replica: Mapping) -> placement.Replica:
-    return placement.Replica(
-        name=replica["name"], shard_count=replica["shard_count"], gpus_per_shard=replica["gpus_per_shard"],
-        shards=tuple(placement.Shard(s["rank"], s["node"], tuple(s["gpus"])) for s in replica["shards"]),
-        state=replica["state"], engine=replica["engine"], model=replica["model"], fabric=replica["fabric"],
-        avoid_nodes=frozenset(replica["avoid_nodes"]), gpu_type=replica["gpu_type"],
-    )
-
-
-def comparable(record: Optional[Mapping], fields: Sequence[str]) -> Optional[dict]:
-    """The part of a node or replica that a module's ``changed`` and diff are about."""
-    if record is None:
-        return None
-    out = {k: record[k] for k in ("name",) + tuple(fields)}
-    if "shards" in record and "model" in fields:
-        out["shards"] = [{"rank": s["rank"], "node": s["node"], "gpus": s["gpus"], "state": s["state"]}
-                         for s in record["shards"]]
-    return out
 
 
 def open_for_module(path: Optional[str], check_mode: bool) -> FleetRegistry:

@@ -148,7 +148,7 @@ db:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.llmgw.fleet.plugins.module_utils import fleet_registry, placement
+from ansible_collections.llmgw.fleet.plugins.module_utils import fleet_registry, fleet_service, placement
 
 FIELDS = {"status": "state", "reasons": "reasons", "address": "address", "vmid": "vmid",
           "proxmox_node": "proxmox_node", "fabric": "fabric", "gpus": "gpu_count", "gpu_type": "gpu_type",
@@ -194,8 +194,8 @@ def main():
         module.fail_json(msg=str(exc), db=registry.path)
     finally:
         registry.close()
-    old = fleet_registry.comparable(before, fleet_registry.NODE_FIELDS)
-    new = fleet_registry.comparable(after, fleet_registry.NODE_FIELDS)
+    old = fleet_service.comparable(before, fleet_registry.NODE_FIELDS)
+    new = fleet_service.comparable(after, fleet_registry.NODE_FIELDS)
     module.exit_json(changed=old != new, node=after or {}, db=registry.path,
                      diff={"before": old or {}, "after": new or {}})
 

@@ -134,7 +134,13 @@ import datetime
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.llmgw.fleet.plugins.module_utils import fleet_registry, placement, reconcile, replica_plan
+from ansible_collections.llmgw.fleet.plugins.module_utils import (
+    fleet_registry,
+    fleet_service,
+    placement,
+    reconcile,
+    replica_plan,
+)
 
 
 def _probes(raw):
@@ -199,7 +205,7 @@ def _apply(registry, probes, lost_after, now, health=None, unhealthy_after=recon
             changed = True
             entry = dict(found)
             if found["kind"] == "lost":
-                decision = registry.repair(name)[0]
+                decision = fleet_service.repair(registry, name)[0]
                 after = registry.get_replica(name)
                 entry.update(action=decision["action"], placed=decision["placed"],
                              fabric=decision.get("fabric"), reason_after=decision.get("reason"),

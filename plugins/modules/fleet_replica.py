@@ -197,7 +197,7 @@ db:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.llmgw.fleet.plugins.module_utils import fleet_registry, placement, replica_plan
+from ansible_collections.llmgw.fleet.plugins.module_utils import fleet_registry, fleet_service, placement, replica_plan
 
 FIELDS = {"model": "model", "engine": "engine", "shards": "shard_count", "gpus_per_shard": "gpus_per_shard",
           "fabric": "fabric", "gpu_type": "gpu_type", "avoid_nodes": "avoid_nodes", "port": "port",
@@ -221,9 +221,9 @@ def _apply(registry, params):
             reaped = [_reaped(s) for s in (before or {}).get("shards", []) if (s["rank"], s["node"]) not in kept]
             registry.set_shards(name, params["assignment"])
         if params["place"] and not registry.get_replica(name)["shards"]:
-            decision = registry.place(name)[0]
+            decision = fleet_service.place(registry, name)[0]
         if params["repair"]:
-            decision = registry.repair(name)[0]
+            decision = fleet_service.repair(registry, name)[0]
             reaped = decision["reaped_shards"]
         if params["every_shard_status"]:
             for shard in registry.get_replica(name)["shards"]:
@@ -281,8 +281,8 @@ def main():
         module.fail_json(msg=str(exc), db=registry.path)
     finally:
         registry.close()
-    old = fleet_registry.comparable(before, fleet_registry.REPLICA_FIELDS)
-    new = fleet_registry.comparable(after, fleet_registry.REPLICA_FIELDS)
+    old = fleet_service.comparable(before, fleet_registry.REPLICA_FIELDS)
+    new = fleet_service.comparable(after, fleet_registry.REPLICA_FIELDS)
     result = dict(changed=old != new, replica=after or {}, reaped_shards=_with_units(params["name"], reaped),
                   db=registry.path, diff={"before": old or {}, "after": new or {}})
     if decision is not None:
