@@ -7,17 +7,27 @@
 * one route to the solver: :func:`solve` (``placement.decide`` with ``repairs``). The modules place and repair one
   replica at a time with :data:`MODULE_STRATEGY` (greedy best fit); the lookup passes its ``strategy`` option;
 * :func:`place` and :func:`repair` read, solve and record the answer inside one registry write transaction;
-* :func:`comparable`: what a module's ``changed`` and diff compare.
+* what the modules ask of the registry: :func:`change_node`, :func:`change_replica` (their options mapped onto
+  registry fields) and :func:`comparable` (what ``changed`` and the diff compare).
 """
 
 from __future__ import annotations
 
 from typing import List, Mapping, Optional, Sequence, Tuple
 
-from ansible_collections.llmgw.fleet.plugins.module_utils import fleet_registry, placement
+from ansible_collections.llmgw.fleet.plugins.module_utils import fleet_registry, placement, replica_plan
 
 # Single placements and repairs (fleet_replica, fleet_reconcile): best-fit decreasing, one replica at a time.
 MODULE_STRATEGY = "greedy"
+
+# module option -> registry field
+NODE_OPTIONS = {"status": "state", "reasons": "reasons", "address": "address", "vmid": "vmid",
+                "proxmox_node": "proxmox_node", "fabric": "fabric", "gpus": "gpu_count", "gpu_type": "gpu_type",
+                "cpu_variant": "cpu_variant", "engine_version": "engine_version", "engine_args": "engine_args",
+                "cert_fingerprint": "cert_fingerprint", "last_seen": "last_seen"}
+REPLICA_OPTIONS = {"model": "model", "engine": "engine", "shards": "shard_count", "gpus_per_shard": "gpus_per_shard",
+                   "fabric": "fabric", "gpu_type": "gpu_type", "avoid_nodes": "avoid_nodes", "port": "port",
+                   "options": "options", "status": "state", "reasons": "reasons"}
 
 
 # -- registry rows -> solver types, and the one route to the solver ------------------------------------------
@@ -96,7 +106,7 @@ def _record(registry: fleet_registry.FleetRegistry, before: Mapping, decision: p
     registry.put_replica(name, state="placing", reasons=[why])
 
 
-# -- what the modules compare ---------------------------------------------------------------------------------
+# -- what the modules ask of the registry ---------------------------------------------------------------------
 
 def comparable(record: Optional[Mapping], fields: Sequence[str]) -> Optional[dict]:
     """The part of a node or replica that a module's ``changed`` and diff are about."""
@@ -107,3 +117,63 @@ def comparable(record: Optional[Mapping], fields: Sequence[str]) -> Optional[dic
         out["shards"] = [{"rank": s["rank"], "node": s["node"], "gpus": s["gpus"], "state": s["state"]}
                          for s in record["shards"]]
     return out
+
+
+def compare(before: Optional[Mapping], after: Optional[Mapping], fields: Sequence[str]) -> Tuple[bool, dict]:
+    """(changed, diff) of a module's task, from the record before and after it."""
+    old, new = comparable(before, fields), comparable(after, fields)
+    return old != new, {"before": old or {}, "after": new or {}}
+
+
+def change_node(registry: fleet_registry.FleetRegistry, name: str, state: str,
+                options: Mapping) -> Tuple[Optional[dict], Optional[dict]]:
+    """fleet_node's task: register or update the node with the options given (None leaves a field as it is),
+    or remove it (``state`` absent). Returns (before, after)."""
+    if state == "absent":
+        return registry.delete_node(name), None
+    return registry.put_node(name, **{field: options.get(option) for option, field in NODE_OPTIONS.items()})
+
+
+def change_replica(registry: fleet_registry.FleetRegistry, name: str, state: str = "present",
+                   options: Optional[Mapping] = None, assignment: Optional[Sequence[Mapping]] = None,
+                   place_it: bool = False, repair_it: bool = False, every_shard_status: Optional[str] = None,
+                   shard_status: Optional[Sequence[Mapping]] = None) -> Tuple[Optional[dict], Optional[dict],
+                                                                              Optional[dict], List[dict]]:
+    """fleet_replica's task, every change in one transaction: remove it, or record it (its options mapped onto
+    registry fields), then take an assignment as given, place it (when it holds no shards) or repair it, then
+    set shard states. Returns (before, after, decision, reaped): the shards that lost their place, to stop."""
+    options = options or {}
+    decision, reaped = None, []
+    with registry.transaction():
+        before = registry.get_replica(name)
+        if state == "absent":
+            registry.delete_replica(name)
+            reaped = [_reaped(s) for s in before["shards"]] if before else []
+            return before, None, None, reaped
+        registry.put_replica(name, **{field: options.get(option) for option, field in REPLICA_OPTIONS.items()})
+        if assignment is not None:
+            kept = {(s["rank"], s["node"]) for s in assignment}
+            reaped = [_reaped(s) for s in (before or {}).get("shards", []) if (s["rank"], s["node"]) not in kept]
+            registry.set_shards(name, assignment)
+        if place_it and not registry.get_replica(name)["shards"]:
+            decision = place(registry, name)[0]
+        if repair_it:
+            decision = repair(registry, name)[0]
+            reaped = decision["reaped_shards"]
+        if every_shard_status:
+            for shard in registry.get_replica(name)["shards"]:
+                registry.set_shard_state(name, shard["rank"], every_shard_status)
+        for entry in shard_status or []:
+            if "rank" not in entry or "status" not in entry:
+                raise fleet_registry.RegistryConflict("shard_status entries are {rank, status, reasons}")
+            registry.set_shard_state(name, int(entry["rank"]), entry["status"], entry.get("reasons") or [])
+        return before, registry.get_replica(name), decision, reaped
+
+
+def _reaped(shard: Mapping) -> dict:
+    return {k: shard[k] for k in ("rank", "node", "gpus", "address")}
+
+
+def with_units(name: str, shards: Sequence[Mapping]) -> List[dict]:
+    """Each shard with the systemd unit that runs it (roles/replica names them so)."""
+    return [dict(s, unit=replica_plan.unit_name(name, s["rank"])) for s in shards]

@@ -1,12 +1,19 @@
 """The service between the registry and the solver: one converter from registry rows to solver types, one route to
-the solver (place, repair and the lookup all go through fleet_service.solve)."""
+the solver (place, repair and the lookup all go through fleet_service.solve), and the node and replica tasks the
+fleet_* modules hand it."""
 
 import ast
+import datetime
 import os
 
 import pytest
 
-from ansible_collections.llmgw.fleet.plugins.module_utils import fleet_registry, fleet_service, placement
+from ansible_collections.llmgw.fleet.plugins.module_utils import (
+    fleet_registry,
+    fleet_service,
+    placement,
+    reconcile_service,
+)
 from ansible_collections.llmgw.fleet.plugins.module_utils.fleet_registry import (
     FleetRegistry,
     RegistryConflict,
@@ -165,3 +172,96 @@ def test_the_lookup_goes_through_the_one_route():
         text = _read(os.path.dirname(MODULE_UTILS), "modules", module)
         calls = ("placement.decide(", "placement.place(", "placement.repair(", "registry.place(", "registry.repair(")
         assert not any(call in text for call in calls), module
+
+
+# -- what the modules hand the service -----------------------------------------------------------------------------
+
+NODE_PARAMS = dict.fromkeys(fleet_service.NODE_OPTIONS)
+
+
+def test_change_node_maps_options_to_fields_and_compares(registry):
+    params = dict(NODE_PARAMS, fabric="ib-a", gpus=8, status="ready", address="10.77.0.11")
+    before, after = fleet_service.change_node(registry, "node01", "present", params)
+    assert before is None and (after["gpu_count"], after["state"], after["address"]) == (8, "ready", "10.77.0.11")
+    changed, diff = fleet_service.compare(before, after, fleet_registry.NODE_FIELDS)
+    assert changed and diff["before"] == {} and diff["after"]["fabric"] == "ib-a"
+    again = fleet_service.change_node(registry, "node01", "present", dict(NODE_PARAMS, gpus=8))
+    unchanged = {"before": diff["after"], "after": diff["after"]}
+    assert fleet_service.compare(*again, fleet_registry.NODE_FIELDS) == (False, unchanged)
+    cleared = fleet_service.change_node(registry, "node01", "present", dict(NODE_PARAMS, address=""))[1]
+    assert cleared["address"] is None, "an empty string clears a text field"
+    before, after = fleet_service.change_node(registry, "node01", "absent", NODE_PARAMS)
+    assert before["name"] == "node01" and after is None
+    assert fleet_service.change_node(registry, "node01", "absent", NODE_PARAMS) == (None, None)
+    with pytest.raises(RegistryConflict, match="node state 'gone' is not one of pending, ready, draining, lost"):
+        fleet_service.change_node(registry, "node01", "present", dict(NODE_PARAMS, status="gone"))
+
+
+REPLICA_PARAMS = dict.fromkeys(fleet_service.REPLICA_OPTIONS)
+
+
+def test_change_replica_records_places_sets_states_and_removes(registry):
+    seed(registry)
+    options = dict(REPLICA_PARAMS, model="tiny", engine="sim", shards=1, gpus_per_shard=2, port=8081)
+    before, after, decision, reaped = fleet_service.change_replica(registry, "one", options=options, place_it=True,
+                                                                   every_shard_status="starting")
+    assert before is None and decision["placed"] and reaped == []
+    assert (after["shard_count"], after["port"]) == (1, 8081) and [s["state"] for s in after["shards"]] == ["starting"]
+    changed, diff = fleet_service.compare(before, after, fleet_registry.REPLICA_FIELDS)
+    assert changed and diff["after"]["shards"] == [{k: s[k] for k in ("rank", "node", "gpus", "state")}
+                                                   for s in after["shards"]]
+    again = fleet_service.change_replica(registry, "one", options=options, place_it=True)
+    assert again[2] is None, "a placed replica is not placed again"
+    with pytest.raises(RegistryConflict, match=r"shard_status entries are \{rank, status, reasons\}"):
+        fleet_service.change_replica(registry, "one", options=options, shard_status=[{"rank": 0}])
+    node = after["shards"][0]["node"]
+    before, after, decision, reaped = fleet_service.change_replica(registry, "one", "absent")
+    assert after is None and decision is None and [s["node"] for s in reaped] == [node]
+    assert fleet_service.with_units("one", reaped)[0]["unit"] == "llmgw-shard-one-0.service"
+
+
+def test_change_replica_is_one_transaction(registry):
+    seed(registry)
+    options = dict(REPLICA_PARAMS, model="tiny", engine="sim", shards=1, gpus_per_shard=2)
+    with pytest.raises(RegistryConflict, match="GPU 3 of node01 is held by coder-a rank 0"):
+        fleet_service.change_replica(registry, "thief", options=options,
+                                     assignment=[{"rank": 0, "node": "node01", "gpus": [3, 4]}])
+    assert registry.get_replica("thief") is None, "the record was rolled back with its shards"
+
+
+def test_an_assignment_returns_the_shards_it_drops(registry):
+    seed(registry)
+    registry.put_node("node05", fabric="ib-a", gpu_count=8, state="ready")
+    assignment = [{"rank": 0, "node": "node01", "gpus": [0, 1, 2, 3]},
+                  {"rank": 1, "node": "node05", "gpus": [0, 1, 2, 3]}]
+    reaped = fleet_service.change_replica(registry, "coder-a", assignment=assignment)[3]
+    assert reaped == [{"rank": 1, "node": "node02", "gpus": [0, 1, 2, 3], "address": "10.77.0.12"}]
+
+
+# -- reconcile's service -------------------------------------------------------------------------------------------
+
+def test_reconcile_repairs_a_replica_on_a_lost_node_through_the_one_route(registry, routed):
+    seed(registry)
+    now = datetime.datetime(2026, 1, 1, 12, 0, tzinfo=datetime.timezone.utc)
+    for name in ("node01", "node02", "node03", "node04"):
+        registry.put_node(name, last_seen="2026-01-01T11:00:00Z")
+    up = {"reachable": True, "error": None, "active_units": [], "unit_files": []}
+    probes = reconcile_service.parse_probes(
+        [dict(up, node="node01"), dict(up, node="node03"), dict(up, node="node04"),
+         {"node": "node02", "reachable": False, "error": "timed out"}])
+    verdicts, failed, relaunch, _stale, changed = reconcile_service.apply(registry, probes, 60, now)
+    assert changed and verdicts["node02"]["verdict"] == "lost" and registry.get_node("node02")["state"] == "lost"
+    assert routed == [{"requests": [], "repairs": ["coder-a"], "strategy": "greedy"}]
+    assert [(f["name"], f["action"], f["fabric"]) for f in failed] == [("coder-a", "move", "ib-b")]
+    assert relaunch == ["coder-a"]
+    assert failed[0]["reaped_shards"] == [{"rank": 0, "node": "node01", "address": "10.77.0.11",
+                                           "unit": "llmgw-shard-coder-a-0.service"}]
+
+
+def test_reconcile_refuses_malformed_input():
+    with pytest.raises(RegistryConflict, match="each probe needs a node"):
+        reconcile_service.parse_probes([{"reachable": True}])
+    with pytest.raises(RegistryConflict, match="each health answer needs a replica"):
+        reconcile_service.parse_health([{"ok": True}])
+    with pytest.raises(RegistryConflict, match=r"unhealthy_after must be at least 1 \(got 0\)"):
+        reconcile_service.check_unhealthy_after(0)
