@@ -138,7 +138,7 @@ import os
 from ansible.errors import AnsibleLookupError
 from ansible.plugins.lookup import LookupBase
 
-from ansible_collections.llmgw.fleet.plugins.module_utils import fleet_registry, placement
+from ansible_collections.llmgw.fleet.plugins.module_utils import fleet_registry, fleet_service, placement
 
 
 class LookupModule(LookupBase):
@@ -148,7 +148,7 @@ class LookupModule(LookupBase):
             fleet, addresses = self._fleet()
             requests = [placement.request_from_dict(term) for term in terms]
             strategy = self.get_option("strategy")
-            decisions = placement.decide(fleet, requests, strategy=None if strategy == "auto" else strategy)
+            decisions = fleet_service.solve(fleet, requests, strategy=None if strategy == "auto" else strategy)
         except (placement.PlacementError, fleet_registry.RegistryError) as exc:
             raise AnsibleLookupError("llmgw.fleet.placement: %s" % exc)
         results = []
@@ -174,4 +174,4 @@ class LookupModule(LookupBase):
                                      "llmgw.fleet.fleet_node or pass fleet=" % path)
         with fleet_registry.FleetRegistry(path, create=False) as registry, registry.snapshot_read():
             addresses = {n["name"]: n["address"] for n in registry.list_nodes()}
-            return registry.load_fleet(), addresses
+            return fleet_service.load_fleet(registry), addresses

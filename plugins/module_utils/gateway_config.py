@@ -34,7 +34,7 @@ import json
 import re
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-from ansible_collections.llmgw.fleet.plugins.module_utils import placement
+from ansible_collections.llmgw.fleet.plugins.module_utils import fleet_service, placement
 
 ROUTED_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
 BACKEND_PREFIX = "model_"
@@ -217,7 +217,7 @@ def servable(replica: Mapping, fleet: placement.Fleet, nodes: Mapping[str, Mappi
 def routes(replicas: Sequence[Mapping], nodes: Sequence[Mapping], fleet: placement.Fleet,
            declared_models: Iterable[str] = (), leave_out: Iterable[str] = ()) -> Routes:
     """Servers per model from the registry's replicas (as :meth:`FleetRegistry.list_replicas` returns them),
-    its nodes and the solver's fleet (:meth:`FleetRegistry.load_fleet`). ``declared_models`` (the keys of
+    its nodes and the solver's fleet (:func:`fleet_service.to_fleet` of the two). ``declared_models`` (the keys of
     ``fleet_models``) are known even with no replica at all: asked for, they answer 503, not 404. Replicas in
     ``leave_out`` (about to be removed, drained first) are never servers."""
     leave_out = {check_replica_name(name, "drain") for name in leave_out}
@@ -253,7 +253,7 @@ def read_routes(registry, declared_models: Iterable[str] = (), leave_out: Iterab
     with registry.snapshot_read():
         replicas = registry.list_replicas()
         nodes = registry.list_nodes()
-        fleet = registry.load_fleet()
+    fleet = fleet_service.to_fleet(nodes, replicas)
     return routes(replicas, nodes, fleet, declared_models, leave_out)
 
 

@@ -769,11 +769,13 @@ def _replica_from_dict(data: Mapping) -> Replica:
     )
 
 
-def decide(fleet: Fleet, requests: Sequence[Request], strategy: Optional[str] = None) -> List[Decision]:
-    """One decision per request, in order, as a playbook wants it: a replica the fleet already holds whole is
-    kept where it is, one that lost shards is repaired, anything else is placed (all in one batch)."""
+def decide(fleet: Fleet, requests: Sequence[Request] = (), strategy: Optional[str] = None,
+           repairs: Sequence[str] = ()) -> List[Decision]:
+    """One decision per request, then one per name in ``repairs``, in order, as a playbook wants it: a replica the
+    fleet already holds whole is kept where it is, one that lost shards is repaired, anything else is placed (all
+    in one batch). ``repairs`` names replicas of the fleet to repair as :func:`repair` does (``keep`` when whole)."""
     keep: Dict[str, Decision] = {}
-    repairs, new = [], []
+    broken, new = [], []
     for request in requests:
         replica = fleet.replicas.get(request.name)
         if replica is None or not replica.shards:
@@ -783,12 +785,24 @@ def decide(fleet: Fleet, requests: Sequence[Request], strategy: Optional[str] = 
             raise InvalidRequest("replica %s holds %d x %d GPUs; remove it before asking for %d x %d" % (
                 request.name, replica.shard_count, replica.gpus_per_shard, request.shards, request.gpus_per_shard))
         if fleet.is_broken(replica):
-            repairs.append(request.name)
+            broken.append(request.name)
         else:
             keep[request.name] = repair(fleet, request.name)
-    unplaced = {r.name for r in new}
-    fleet = Fleet(fleet.nodes.values(), [r for r in fleet.replicas.values() if r.name not in unplaced])
-    result = plan(fleet, new, repairs=repairs, strategy=strategy)
-    by_name = {d.replica: d for d in result.decisions}
-    by_name.update(keep)
-    return [by_name[r.name] for r in requests]
+    asked = [r.name for r in requests]
+    for name in repairs:
+        replica = fleet.replicas.get(name)
+        if replica is None:
+            raise InvalidRequest("replica %s is not in the fleet" % name)
+        if name in asked:
+            raise InvalidRequest("replica %s is both requested and to be repaired" % name)
+        if fleet.is_broken(replica):
+            broken.append(name)
+        else:
+            keep[name] = repair(fleet, name)
+    by_name = dict(keep)
+    if new or broken or not repairs:
+        unplaced = {r.name for r in new}
+        fleet = Fleet(fleet.nodes.values(), [r for r in fleet.replicas.values() if r.name not in unplaced])
+        result = plan(fleet, new, repairs=broken, strategy=strategy)
+        by_name.update((d.replica, d) for d in result.decisions)
+    return [by_name[r.name] for r in requests] + [by_name[name] for name in repairs]

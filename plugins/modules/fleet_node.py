@@ -155,13 +155,7 @@ db:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.llmgw.fleet.plugins.module_utils import fleet_registry, placement
-
-FIELDS = {"status": "state", "reasons": "reasons", "address": "address", "vmid": "vmid",
-          "proxmox_node": "proxmox_node", "fabric": "fabric", "gpus": "gpu_count", "gpu_type": "gpu_type",
-          "cpu_variant": "cpu_variant", "engine_version": "engine_version", "engine_args": "engine_args",
-          "speed": "speed", "cert_fingerprint": "cert_fingerprint",
-          "last_seen": "last_seen"}
+from ansible_collections.llmgw.fleet.plugins.module_utils import _fleet_module, fleet_registry, fleet_service
 
 
 def main():
@@ -169,7 +163,7 @@ def main():
         argument_spec=dict(
             name=dict(type="str", required=True),
             state=dict(type="str", choices=["present", "absent"], default="present"),
-            status=dict(type="str", choices=list(placement.NODE_STATES)),
+            status=dict(type="str", choices=list(fleet_registry.NODE_STATES)),
             reasons=dict(type="list", elements="str"),
             address=dict(type="str"),
             vmid=dict(type="int"),
@@ -188,24 +182,10 @@ def main():
         supports_check_mode=True,
     )
     params = module.params
-    try:
-        registry = fleet_registry.open_for_module(params["db"], module.check_mode)
-    except fleet_registry.RegistryError as exc:
-        module.fail_json(msg=str(exc))
-    try:
-        if params["state"] == "absent":
-            before, after = registry.delete_node(params["name"]), None
-        else:
-            fields = {column: params[option] for option, column in FIELDS.items()}
-            before, after = registry.put_node(params["name"], **fields)
-    except (fleet_registry.RegistryError, placement.PlacementError) as exc:
-        module.fail_json(msg=str(exc), db=registry.path)
-    finally:
-        registry.close()
-    old = fleet_registry.comparable(before, fleet_registry.NODE_FIELDS)
-    new = fleet_registry.comparable(after, fleet_registry.NODE_FIELDS)
-    module.exit_json(changed=old != new, node=after or {}, db=registry.path,
-                     diff={"before": old or {}, "after": new or {}})
+    path, (before, after) = _fleet_module.run(
+        module, lambda registry: fleet_service.change_node(registry, params["name"], params["state"], params))
+    changed, diff = fleet_service.compare(before, after, fleet_registry.NODE_FIELDS)
+    module.exit_json(changed=changed, node=after or {}, db=path, diff=diff)
 
 
 if __name__ == "__main__":

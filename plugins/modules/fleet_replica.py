@@ -197,51 +197,7 @@ db:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.llmgw.fleet.plugins.module_utils import fleet_registry, placement, replica_plan
-
-FIELDS = {"model": "model", "engine": "engine", "shards": "shard_count", "gpus_per_shard": "gpus_per_shard",
-          "fabric": "fabric", "gpu_type": "gpu_type", "avoid_nodes": "avoid_nodes", "port": "port",
-          "options": "options", "status": "state", "reasons": "reasons"}
-
-
-def _apply(registry, params):
-    """Every change of the task, in one transaction. Returns (before, after, decision, reaped)."""
-    name = params["name"]
-    decision, reaped = None, []
-    with registry.transaction():
-        before = registry.get_replica(name)
-        if params["state"] == "absent":
-            registry.delete_replica(name)
-            reaped = [_reaped(s) for s in before["shards"]] if before else []
-            return before, None, None, reaped
-        fields = {column: params[option] for option, column in FIELDS.items()}
-        registry.put_replica(name, **fields)
-        if params["assignment"] is not None:
-            kept = {(s["rank"], s["node"]) for s in params["assignment"]}
-            reaped = [_reaped(s) for s in (before or {}).get("shards", []) if (s["rank"], s["node"]) not in kept]
-            registry.set_shards(name, params["assignment"])
-        if params["place"] and not registry.get_replica(name)["shards"]:
-            decision = registry.place(name)[0]
-        if params["repair"]:
-            decision = registry.repair(name)[0]
-            reaped = decision["reaped_shards"]
-        if params["every_shard_status"]:
-            for shard in registry.get_replica(name)["shards"]:
-                registry.set_shard_state(name, shard["rank"], params["every_shard_status"])
-        for entry in params["shard_status"] or []:
-            if "rank" not in entry or "status" not in entry:
-                raise fleet_registry.RegistryConflict("shard_status entries are {rank, status, reasons}")
-            registry.set_shard_state(name, int(entry["rank"]), entry["status"], entry.get("reasons") or [])
-        return before, registry.get_replica(name), decision, reaped
-
-
-def _reaped(shard):
-    return {k: shard[k] for k in ("rank", "node", "gpus", "address")}
-
-
-def _with_units(name, shards):
-    """Each reaped shard with the systemd unit that runs it (roles/replica names them so)."""
-    return [dict(s, unit=replica_plan.unit_name(name, s["rank"])) for s in shards]
+from ansible_collections.llmgw.fleet.plugins.module_utils import _fleet_module, fleet_registry, fleet_service
 
 
 def main():
@@ -258,7 +214,7 @@ def main():
             avoid_nodes=dict(type="list", elements="str"),
             port=dict(type="int"),
             options=dict(type="dict"),
-            status=dict(type="str", choices=list(placement.REPLICA_STATES)),
+            status=dict(type="str", choices=list(fleet_registry.REPLICA_STATES)),
             reasons=dict(type="list", elements="str"),
             assignment=dict(type="list", elements="dict"),
             place=dict(type="bool", default=False),
@@ -271,20 +227,17 @@ def main():
         supports_check_mode=True,
     )
     params = module.params
-    try:
-        registry = fleet_registry.open_for_module(params["db"], module.check_mode)
-    except fleet_registry.RegistryError as exc:
-        module.fail_json(msg=str(exc))
-    try:
-        before, after, decision, reaped = _apply(registry, params)
-    except (fleet_registry.RegistryError, placement.PlacementError) as exc:
-        module.fail_json(msg=str(exc), db=registry.path)
-    finally:
-        registry.close()
-    old = fleet_registry.comparable(before, fleet_registry.REPLICA_FIELDS)
-    new = fleet_registry.comparable(after, fleet_registry.REPLICA_FIELDS)
-    result = dict(changed=old != new, replica=after or {}, reaped_shards=_with_units(params["name"], reaped),
-                  db=registry.path, diff={"before": old or {}, "after": new or {}})
+
+    def work(registry):
+        return fleet_service.change_replica(
+            registry, params["name"], params["state"], options=params, assignment=params["assignment"],
+            place_it=params["place"], repair_it=params["repair"], every_shard_status=params["every_shard_status"],
+            shard_status=params["shard_status"])
+
+    path, (before, after, decision, reaped) = _fleet_module.run(module, work)
+    changed, diff = fleet_service.compare(before, after, fleet_registry.REPLICA_FIELDS)
+    result = dict(changed=changed, replica=after or {}, reaped_shards=fleet_service.with_units(params["name"], reaped),
+                  db=path, diff=diff)
     if decision is not None:
         result["decision"] = decision
         if not decision["placed"] and params["place"]:

@@ -120,7 +120,7 @@ db:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.llmgw.fleet.plugins.module_utils import fleet_registry, replica_plan
+from ansible_collections.llmgw.fleet.plugins.module_utils import _fleet_module, fleet_registry, replica_plan
 
 
 def main():
@@ -137,27 +137,23 @@ def main():
         supports_check_mode=True,
     )
     params = module.params
-    try:
-        registry = fleet_registry.open_for_module(params["db"], module.check_mode)
-    except fleet_registry.RegistryError as exc:
-        module.fail_json(msg=str(exc))
-    changed = False
-    try:
+
+    def work(registry):
         with registry.transaction():
             replica = registry.get_replica(params["name"])
             if replica is None:
                 raise fleet_registry.RegistryNotFound("no replica %s in %s" % (params["name"], registry.path))
             port = replica_plan.choose_port(replica, registry.list_replicas(), params["base_port"])
-            if port != replica["port"]:
+            changed = port != replica["port"]
+            if changed:
                 replica = registry.put_replica(params["name"], port=port)[1]
-                changed = True
             plan = replica_plan.plan(replica, model_path=params["model_path"], engine_dir=params["engine_dir"],
                                      sim_engine=params["sim_engine"], python=params["python"], port=port)
-    except (fleet_registry.RegistryError, replica_plan.ReplicaPlanError) as exc:
-        module.fail_json(msg=str(exc), db=registry.path)
-    finally:
-        registry.close()
-    module.exit_json(changed=changed, plan=plan, replica=replica, db=registry.path)
+        return changed, plan, replica
+
+    path, (changed, plan, replica) = _fleet_module.run(
+        module, work, errors=(fleet_registry.RegistryError, replica_plan.ReplicaPlanError))
+    module.exit_json(changed=changed, plan=plan, replica=replica, db=path)
 
 
 if __name__ == "__main__":

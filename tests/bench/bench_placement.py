@@ -35,6 +35,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from figures import figure  # noqa: E402
 
+from ansible_collections.llmgw.fleet.plugins.module_utils import fleet_service  # noqa: E402
 from ansible_collections.llmgw.fleet.plugins.module_utils.fleet_registry import FleetRegistry  # noqa: E402
 from ansible_collections.llmgw.fleet.plugins.module_utils.placement import (  # noqa: E402
     EXACT_MAX_FABRIC_NODES,
@@ -299,7 +300,7 @@ def bench_registry(rnd, size=1000, replicas=200):
             probe = Request("probe%02d" % i, request.shards, request.gpus_per_shard)
             start = time.perf_counter()
             with FleetRegistry(path, create=False) as registry:
-                decide(registry.load_fleet(), [probe])
+                decide(fleet_service.load_fleet(registry), [probe])
             times.append((time.perf_counter() - start) * 1000)
     return {"nodes": size, "replicas": len(fleet.replicas), "ms_mean": statistics.mean(times), "ms_max": max(times)}
 

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from ansible_collections.llmgw.fleet.plugins.module_utils import fleet_registry
+from ansible_collections.llmgw.fleet.plugins.module_utils import fleet_registry, fleet_service
 from ansible_collections.llmgw.fleet.plugins.module_utils.fleet_registry import (
     FleetRegistry,
     RegistryConflict,
@@ -207,23 +207,23 @@ def test_the_database_itself_refuses_a_gpu_given_twice(registry, db):
 def test_seed_scenario_through_the_registry(registry):
     seed(registry)
     registry.put_node("node02", state="lost", reasons=["unseen for 60 s"])
-    fleet = registry.load_fleet()
+    fleet = fleet_service.load_fleet(registry)
     assert [r.name for r in fleet.broken_replicas()] == ["coder-a"]
     coder_b = registry.get_replica("coder-b")["shards"]
-    decision, before, after = registry.repair("coder-a")
+    decision, before, after = fleet_service.repair(registry, "coder-a")
     assert decision["action"] == "move" and decision["fabric"] == "ib-b"
     assert decision["reaped_shards"] == [{"rank": 0, "node": "node01", "gpus": [0, 1, 2, 3], "address": "10.77.0.11"}]
     assert [(s["node"], s["gpus"]) for s in after["shards"]] == [("node03", [4, 5, 6, 7]), ("node04", [4, 5, 6, 7])]
     assert after["state"] == "placing" and after["reasons"] == ["moved to ib-b after losing node02"]
     assert registry.get_node("node01")["free_gpus"] == 8 and registry.get_node("node01")["shards"] == []
     assert registry.get_replica("coder-b")["shards"] == coder_b, "the healthy replica did not move"
-    assert registry.repair("coder-a")[0]["action"] == "keep"
+    assert fleet_service.repair(registry, "coder-a")[0]["action"] == "keep"
 
 
 def test_place_refusal_is_recorded_as_failed_with_the_reason(registry):
     seed(registry)
     registry.put_replica("huge", model="m", engine="sim", shard_count=3, gpus_per_shard=4)
-    decision, _ignored, after = registry.place("huge")
+    decision, _ignored, after = fleet_service.place(registry, "huge")
     assert not decision["placed"]
     assert after["state"] == "failed" and "ib-a has 2 of the 3 nodes it needs" in after["reasons"][0]
     assert after["shards"] == []
@@ -280,13 +280,14 @@ def test_two_processes_placing_at_once_never_share_a_gpu(registry, db):
         registry.put_node("n%d" % i, fabric="ib-a", gpu_count=8, state="ready")
     code = """
         import json, sys
+        from ansible_collections.llmgw.fleet.plugins.module_utils import fleet_service
         from ansible_collections.llmgw.fleet.plugins.module_utils.fleet_registry import FleetRegistry
         reg = FleetRegistry(sys.argv[1], busy_timeout=60)
         placed = 0
         for i in range(20):
             name = "%s-%02d" % (sys.argv[2], i)
             reg.put_replica(name, model="m", engine="sim", shard_count=1, gpus_per_shard=1)
-            placed += reg.place(name)[0]["placed"]
+            placed += fleet_service.place(reg, name)[0]["placed"]
         print(json.dumps(placed))
     """
     writers = [_python(code, db, who) for who in ("left", "right")]

@@ -7,7 +7,7 @@ import tempfile
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ansible_collections.llmgw.fleet.plugins.module_utils import reconcile
+from ansible_collections.llmgw.fleet.plugins.module_utils import fleet_service, reconcile
 from ansible_collections.llmgw.fleet.plugins.module_utils.fleet_registry import FleetRegistry
 from ansible_collections.llmgw.fleet.plugins.module_utils.placement import (
     Fleet,
@@ -79,10 +79,10 @@ def _registry_agrees(fleet):
             registry.put_replica(replica.name, state=replica.state)
         for node in fleet.nodes.values():
             registry.put_node(node.name, state=node.state)
-        recorded = registry.load_fleet()
+        recorded = fleet_service.load_fleet(registry)
         whole = {name: is_whole(recorded, r) for name, r in recorded.replicas.items()}
         for name in sorted(whole):
-            assert (registry.repair(name)[0]["action"] == "keep") == whole[name], name
+            assert (fleet_service.repair(registry, name)[0]["action"] == "keep") == whole[name], name
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

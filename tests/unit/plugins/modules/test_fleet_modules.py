@@ -1,17 +1,20 @@
 """fleet_node, fleet_replica, fleet_info, the placement lookup, the inventory plugin and the fleet status views,
 run for real through ansible-playbook / ansible-inventory against a registry file: check -> apply -> check ->
-apply, where check must change nothing and predict what apply does, and the second apply must change nothing."""
+apply, where check must change nothing and predict what apply does, and the second apply must change nothing.
 
-import atexit
+Each test stands alone on its own registry: the fixtures below record the fleet a test starts from (nodes; the two
+replicas placed; node02 lost and coder-a moved) through the same service calls the modules make."""
+
 import json
 import os
-import shutil
 import sqlite3
 import subprocess
 import sys
-import tempfile
 
 import pytest
+
+from ansible_collections.llmgw.fleet.plugins.module_utils import fleet_service
+from ansible_collections.llmgw.fleet.plugins.module_utils.fleet_registry import FleetRegistry
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
 COLLECTIONS = os.path.join(REPO, ".build", "collections")
@@ -96,22 +99,69 @@ def cycle(path, db):
     return first_check, first_apply, second_check, second_apply
 
 
-# Made when the module is imported, not in a fixture: ansible-test units sets fixtures up in a fork per test, where
-# a fresh temporary directory (and pytest's base directory, re-created by every child) would lose the registry.
-REGISTRY_DIR = tempfile.mkdtemp(prefix="llmgw-test-fleet-modules-")
-atexit.register(shutil.rmtree, REGISTRY_DIR, True)
+NODES = (("node01", "ib-a"), ("node02", "ib-a"), ("node03", "ib-b"), ("node04", "ib-b"))
+REPLICAS = {"coder-a": "ib-a", "coder-b": "ib-b"}
 
 
-@pytest.fixture(scope="module")
-def fleet_db():
-    """One registry the tests below build up in order: nodes, replicas, a node loss, the repair."""
-    return os.path.join(REGISTRY_DIR, "state", "fleet.db")
+def replica_task(name, fabric):
+    return {"name": name, "llmgw.fleet.fleet_replica": {
+        "name": name, "model": "tiny", "engine": "sim", "shards": 2, "gpus_per_shard": 4, "fabric": fabric,
+        "port": 8080, "place": True}}
 
 
-def test_1_nodes_check_apply_check_apply(fleet_db, tmp_path):
+def _record_nodes(registry):
+    """What test_1's playbook records: the four nodes, ready."""
+    for name, fabric in NODES:
+        options = node_task(name, fabric)["llmgw.fleet.fleet_node"]
+        fleet_service.change_node(registry, name, "present", options)
+
+
+def _record_replicas(registry):
+    """What test_2's playbook records: coder-a placed on ib-a, coder-b on ib-b."""
+    for name, fabric in REPLICAS.items():
+        options = replica_task(name, fabric)["llmgw.fleet.fleet_replica"]
+        fleet_service.change_replica(registry, name, options=options, place_it=True)
+
+
+def _lose_node02_and_repair(registry):
+    """What test_4's playbooks record: node02 lost, coder-a repaired (moved to ib-b, its fabric constraint cleared)."""
+    options = node_task("node02", "ib-a", status="lost", reasons=["unseen for 60 s"])["llmgw.fleet.fleet_node"]
+    fleet_service.change_node(registry, "node02", "present", options)
+    fleet_service.change_replica(registry, "coder-a", options={"fabric": ""}, repair_it=True)
+
+
+def registry_with(tmp_path, *steps):
+    db = str(tmp_path / "state" / "fleet.db")
+    with FleetRegistry(db) as registry:
+        for step in steps:
+            step(registry)
+    return db
+
+
+@pytest.fixture
+def empty_db(tmp_path):
+    return str(tmp_path / "state" / "fleet.db")
+
+
+@pytest.fixture
+def nodes_db(tmp_path):
+    return registry_with(tmp_path, _record_nodes)
+
+
+@pytest.fixture
+def placed_db(tmp_path):
+    return registry_with(tmp_path, _record_nodes, _record_replicas)
+
+
+@pytest.fixture
+def repaired_db(tmp_path):
+    return registry_with(tmp_path, _record_nodes, _record_replicas, _lose_node02_and_repair)
+
+
+def test_1_nodes_check_apply_check_apply(empty_db, tmp_path):
     tasks = [node_task("node01", "ib-a"), node_task("node02", "ib-a"), node_task("node03", "ib-b"),
              node_task("node04", "ib-b")]
-    check, apply, _ignored, _ignored = cycle(playbook(tmp_path, tasks), fleet_db)
+    check, apply, _ignored, _ignored = cycle(playbook(tmp_path, tasks), empty_db)
     assert all(changed(apply).values())
     assert check["node01"]["diff"]["before"] == {}
     assert check["node01"]["diff"]["after"]["fabric"] == "ib-a"
@@ -121,7 +171,7 @@ def test_1_nodes_check_apply_check_apply(fleet_db, tmp_path):
     assert check["node01"]["node"] == node, "check mode predicts the record"
 
 
-def test_2_replicas_placed_in_the_module(fleet_db, tmp_path):
+def test_2_replicas_placed_in_the_module(nodes_db, tmp_path):
     tasks = [
         {"name": "coder-a", "llmgw.fleet.fleet_replica": {
             "name": "coder-a", "model": "tiny", "engine": "sim", "shards": 2, "gpus_per_shard": 4,
@@ -130,7 +180,7 @@ def test_2_replicas_placed_in_the_module(fleet_db, tmp_path):
             "name": "coder-b", "model": "tiny", "engine": "sim", "shards": 2, "gpus_per_shard": 4,
             "fabric": "ib-b", "port": 8080, "place": True}},
     ]
-    check, apply, second_check, _ignored = cycle(playbook(tmp_path, tasks), fleet_db)
+    check, apply, second_check, _ignored = cycle(playbook(tmp_path, tasks), nodes_db)
     for name, nodes in (("coder-a", ["node01", "node02"]), ("coder-b", ["node03", "node04"])):
         shards = apply[name]["replica"]["shards"]
         assert [(s["rank"], s["node"], s["gpus"]) for s in shards] == [(0, nodes[0], [0, 1, 2, 3]),
@@ -140,24 +190,24 @@ def test_2_replicas_placed_in_the_module(fleet_db, tmp_path):
         assert "decision" not in second_check[name], "a placed replica is not placed again"
 
 
-def test_3_an_assignment_that_breaks_an_invariant_fails_and_records_nothing(fleet_db, tmp_path):
-    before = table(fleet_db)
+def test_3_an_assignment_that_breaks_an_invariant_fails_and_records_nothing(placed_db, tmp_path):
+    before = table(placed_db)
     tasks = [{"name": "thief", "llmgw.fleet.fleet_replica": {
         "name": "thief", "model": "tiny", "engine": "sim", "shards": 1, "gpus_per_shard": 2,
         "assignment": [{"rank": 0, "node": "node01", "gpus": [3, 4]}]}}]
-    result = run(playbook(tmp_path, tasks), fleet_db)["thief"]
+    result = run(playbook(tmp_path, tasks), placed_db)["thief"]
     assert result["failed"] and "GPU 3 of node01 is held by coder-a rank 0" in result["msg"]
-    assert table(fleet_db) == before, "the replica record was rolled back with its shards"
+    assert table(placed_db) == before, "the replica record was rolled back with its shards"
 
 
-def test_4_node_loss_then_repair_moves_the_replica(fleet_db, tmp_path):
+def test_4_node_loss_then_repair_moves_the_replica(placed_db, tmp_path):
     lose = [node_task("node02", "ib-a", status="lost", reasons=["unseen for 60 s"])]
-    check, apply, _ignored, _ignored = cycle(playbook(tmp_path, lose, "lose.yml"), fleet_db)
+    check, apply, _ignored, _ignored = cycle(playbook(tmp_path, lose, "lose.yml"), placed_db)
     assert apply["node02"]["node"]["state"] == "lost"
     assert (check["node02"]["diff"]["before"]["state"], check["node02"]["diff"]["after"]["state"]) == ("ready", "lost")
     repair = [{"name": "repair coder-a", "llmgw.fleet.fleet_replica": {
         "name": "coder-a", "fabric": "", "repair": True}}]
-    check, apply, second_check, _ignored = cycle(playbook(tmp_path, repair, "repair.yml"), fleet_db)
+    check, apply, second_check, _ignored = cycle(playbook(tmp_path, repair, "repair.yml"), placed_db)
     decision = apply["repair coder-a"]["decision"]
     assert check["repair coder-a"]["decision"] == decision
     assert (decision["action"], decision["fabric"]) == ("move", "ib-b")
@@ -169,28 +219,28 @@ def test_4_node_loss_then_repair_moves_the_replica(fleet_db, tmp_path):
     assert second_check["repair coder-a"]["decision"]["action"] == "keep"
 
 
-def test_5_fleet_info_and_status_views(fleet_db, tmp_path):
+def test_5_fleet_info_and_status_views(repaired_db, tmp_path):
     tasks = [node_task("node01", "ib-a", engine_args=["--no-repack"]),
              {"name": "info", "llmgw.fleet.fleet_info": {"fabric": "ib-a", "events": 5}, "register": "info"}]
-    info = run(playbook(tmp_path, tasks), fleet_db)["info"]
+    info = run(playbook(tmp_path, tasks), repaired_db)["info"]
     assert info["nodes"][0]["engine_args"] == ["--no-repack"]
     assert info["exists"] and [n["name"] for n in info["nodes"]] == ["node01", "node02"]
     assert info["replicas"] == [] and info["fabrics"]["ib-a"]["free_gpus"] == 8 and len(info["events"]) == 5
-    status = run(os.path.join(REPO, "playbooks", "fleet_status.yml"), fleet_db)
+    status = run(os.path.join(REPO, "playbooks", "fleet_status.yml"), repaired_db)
     lines = next(r for r in status.values() if "msg" in r)["msg"]
     assert "fabric ib-a: 2 nodes, 1 ready, 8 of 8 GPUs free on ready nodes" in lines
     assert "  node01: every llama-server there runs with --no-repack (found at onboarding)" in lines
     assert any(line.split()[:3] == ["coder-a", "placing", "tiny"] and "0:node03[4-7] 1:node04[4-7]" in line
                for line in lines)
-    cli = subprocess.run([sys.executable, os.path.join(REPO, "bin", "fleet"), "status", "--db", fleet_db],
+    cli = subprocess.run([sys.executable, os.path.join(REPO, "bin", "fleet"), "status", "--db", repaired_db],
                          capture_output=True, text=True, check=True).stdout.splitlines()
     assert cli[1:] == lines, "bin/fleet prints the same table as the playbook"
 
 
-def test_6_inventory_groups_nodes_by_fabric_and_state(fleet_db, tmp_path):
+def test_6_inventory_groups_nodes_by_fabric_and_state(repaired_db, tmp_path):
     config = tmp_path / "lab.fleet.yml"
     config.write_text("plugin: llmgw.fleet.fleet\ndb: %s\nkeyed_groups:\n  - key: fleet_cpu_variant\n    prefix: cpu\n"
-                      % fleet_db)
+                      % repaired_db)
     proc = subprocess.run([os.path.join(BIN, "ansible-inventory"), "-i", str(config), "--list"],
                           env=env_for("/nonexistent"), capture_output=True, text=True, check=True)
     inventory = json.loads(proc.stdout, object_hook=_plain)
@@ -211,7 +261,7 @@ def _plain(obj):
     return obj["__ansible_unsafe"] if set(obj) == {"__ansible_unsafe"} else obj
 
 
-def test_7_lookup_reads_the_registry_or_a_fleet_passed_in(fleet_db, tmp_path):
+def test_7_lookup_reads_the_registry_or_a_fleet_passed_in(repaired_db, tmp_path):
     tasks = [
         {"name": "from registry", "ansible.builtin.set_fact": {"answer": (
             "{{ lookup('llmgw.fleet.placement', {'name': 'small', 'shards': 1, 'gpus_per_shard': 4}) }}")}},
@@ -227,7 +277,7 @@ def test_7_lookup_reads_the_registry_or_a_fleet_passed_in(fleet_db, tmp_path):
         {"name": "refusal fails", "ignore_errors": True, "ansible.builtin.set_fact": {"answer": (
             "{{ lookup('llmgw.fleet.placement', {'name': 'big', 'shards': 2, 'gpus_per_shard': 8}) }}")}},
     ]
-    results = run(playbook(tmp_path, tasks), fleet_db)
+    results = run(playbook(tmp_path, tasks), repaired_db)
     small = results["from registry"]["ansible_facts"]["answer"]
     assert (small["action"], small["shards"]) == ("place", [{"rank": 0, "node": "node01", "gpus": [0, 1, 2, 3],
                                                              "address": "10.77.0.11"}])
@@ -241,8 +291,8 @@ def test_7_lookup_reads_the_registry_or_a_fleet_passed_in(fleet_db, tmp_path):
     assert "cannot place big" in results["refusal fails"]["msg"]
 
 
-def test_8_removing_a_replica_returns_its_shards_to_stop(fleet_db, tmp_path):
+def test_8_removing_a_replica_returns_its_shards_to_stop(repaired_db, tmp_path):
     tasks = [{"name": "remove", "llmgw.fleet.fleet_replica": {"name": "coder-b", "state": "absent"}}]
-    check, apply, _ignored, _ignored = cycle(playbook(tmp_path, tasks), fleet_db)
+    check, apply, _ignored, _ignored = cycle(playbook(tmp_path, tasks), repaired_db)
     assert [s["node"] for s in apply["remove"]["reaped_shards"]] == ["node03", "node04"]
     assert check["remove"]["reaped_shards"] == apply["remove"]["reaped_shards"]
