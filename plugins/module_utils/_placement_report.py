@@ -293,8 +293,8 @@ def speed_words(speed: Optional[Mapping]) -> str:
     its own scalar baseline it runs prompts at ('-' when onboarding did not measure it)."""
     if not speed:
         return "-"
-    return "%s pp %.0f tg %.0f t/s %.1fx x64 %dt" % (speed["variant"], speed["pp"], speed["tg"], speed["pp_ratio"],
-                                                    speed["threads"])
+    values = (speed["variant"], speed["pp"], speed["tg"], speed["pp_ratio"], speed["threads"])
+    return "%s pp %.0f tg %.0f t/s %.1fx x64 %dt" % values
 
 
 def _reason_lines(records: Sequence[Mapping]) -> List[str]:

@@ -49,7 +49,7 @@ def test_the_bench_command_carries_the_nodes_threads_and_no_repack():
 def test_bench_output_is_read_and_a_partial_one_refused():
     assert speed.parse_bench("load_backend: ...\n" + BENCH_JSON) == {"pp": 2968.2, "tg": 1874.4}
     with pytest.raises(ValueError, match="not a prompt and a generation test"):
-        speed.parse_bench(BENCH_JSON.split("},")[0] + "}]")
+        speed.parse_bench(BENCH_JSON.split("},", maxsplit=1)[0] + "}]")
 
 
 def measured(variant="zen4", pp=2968.0, base_pp=327.0, threads=2, vcpus=2):

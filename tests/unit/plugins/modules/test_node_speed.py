@@ -22,9 +22,9 @@ def env_for(db):
     return env
 
 
-def record(db, tmp_path, check=False, **speed):
-    tasks = [{"name": "node", "llmgw.fleet.fleet_node": {"name": "node01", "fabric": "ib-a", "status": "ready",
-                                                          "address": "10.77.0.11", "speed": speed}}]
+def record(db, tmp_path, speed, check=False):
+    args = {"name": "node01", "fabric": "ib-a", "status": "ready", "address": "10.77.0.11", "speed": speed}
+    tasks = [{"name": "node", "llmgw.fleet.fleet_node": args}]
     play = tmp_path / "play.yml"
     play.write_text(json.dumps([{"hosts": "localhost", "gather_facts": False, "tasks": tasks}]))
     argv = [os.path.join(BIN, "ansible-playbook"), str(play), "--diff"] + (["--check"] if check else [])
@@ -45,19 +45,20 @@ def rows(db):
 
 def test_a_measured_speed_is_recorded_once_and_shown_by_status_and_the_inventory(tmp_path):
     db = str(tmp_path / "fleet.db")
-    predicted = record(db, tmp_path, check=True, **SPEED)
+    predicted = record(db, tmp_path, SPEED, check=True)
     assert predicted["changed"] and predicted["diff"]["after"]["speed"] == SPEED and rows(db) is None
-    applied = record(db, tmp_path, **SPEED)
+    applied = record(db, tmp_path, SPEED)
     assert applied["changed"] and applied["node"]["speed"] == SPEED
     assert json.loads(rows(db)[0][2]) == SPEED
-    assert not record(db, tmp_path, check=True, **SPEED)["changed"]
-    assert not record(db, tmp_path, **SPEED)["changed"]
+    assert not record(db, tmp_path, SPEED, check=True)["changed"]
+    assert not record(db, tmp_path, SPEED)["changed"]
 
-    slower = dict(SPEED, pp=300.0, pp_ratio=13.64)
+    slower = dict(SPEED)
+    slower.update({"pp": 300.0, "pp_ratio": 13.64})
     before = rows(db)
-    assert record(db, tmp_path, check=True, **slower)["diff"]["after"]["speed"]["pp"] == 300.0
+    assert record(db, tmp_path, slower, check=True)["diff"]["after"]["speed"]["pp"] == 300.0
     assert rows(db) == before, "check mode wrote nothing"
-    assert record(db, tmp_path, **slower)["node"]["speed"] == slower
+    assert record(db, tmp_path, slower)["node"]["speed"] == slower
 
     status = subprocess.run([sys.executable, os.path.join(REPO, "bin", "fleet"), "status", "--db", db],
                             env=env_for(db), capture_output=True, text=True, check=True).stdout.splitlines()
@@ -78,8 +79,8 @@ def test_a_measured_speed_is_recorded_once_and_shown_by_status_and_the_inventory
 
 def test_an_unmeasured_node_shows_a_dash_and_clearing_the_speed_is_a_change(tmp_path):
     db = str(tmp_path / "fleet.db")
-    record(db, tmp_path, **SPEED)
-    cleared = record(db, tmp_path)
+    record(db, tmp_path, SPEED)
+    cleared = record(db, tmp_path, {})
     assert cleared["changed"] and cleared["node"]["speed"] == {}
     status = subprocess.run([sys.executable, os.path.join(REPO, "bin", "fleet"), "status", "--db", db],
                             env=env_for(db), capture_output=True, text=True, check=True).stdout.splitlines()
