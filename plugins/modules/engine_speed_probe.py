@@ -11,7 +11,9 @@ description:
     from a seed, so nothing is copied) and runs C(llama-bench) on it twice with the same threads and model, once
     with the CPU backend llama.cpp picks on this node and once with the scalar C(x64) backend forced (a tree of
     hard links to the engine holding only C(libggml-cpu-x64.so), removed afterwards).
-  - Reports prompt processing and generation in tokens per second for both, and their ratios.
+  - Reports prompt processing and generation in tokens per second for both, and their ratios. A ratio below
+    O(min_ratio) is measured again, at most twice, and the best pair kept, so that a burst of load on the host
+    during one of the two runs does not refuse a node.
   - Fails, naming the numbers, the likely causes and the fix, when the picked backend is less than O(min_ratio)
     times the baseline at prompt processing, when the engine runs fewer threads than the node has vCPUs, or when
     its prompt speed per thread is far below the median of O(peers) of the same CPU variant; with O(allow_slow) it
@@ -161,6 +163,27 @@ def bench(module, engine_dir, model, threads, engine_args, ran):
     return ggml_cpu_variants.loaded_variant(stderr)[0], rates
 
 
+RETRIES = 2
+
+
+def measure(module, engine_dir, model, threads, vcpus, ran):
+    """One pair of runs: the backend llama.cpp picks, then the scalar baseline forced; their measurement."""
+    params = module.params
+    variant, picked = bench(module, engine_dir, model, threads, params["engine_args"], ran)
+    if variant == speed.BASELINE:
+        baseline = picked
+    else:
+        tree = baseline_tree(engine_dir, module.tmpdir if module.check_mode else os.path.dirname(engine_dir))
+        try:
+            forced, baseline = bench(module, tree, model, threads, params["engine_args"], ran)
+        finally:
+            shutil.rmtree(tree, ignore_errors=True)
+        if forced != speed.BASELINE:
+            module.fail_json(msg="%s: the speed probe's baseline loaded %s, not %s" % (
+                params["node"], forced, speed.BASELINE), ran=ran, reasons=[])
+    return speed.measurement(variant or "unknown", threads, vcpus, picked, baseline)
+
+
 def main():
     module = AnsibleModule(
         argument_spec=dict(
@@ -193,19 +216,17 @@ def main():
         os.makedirs(os.path.dirname(model), mode=0o755, exist_ok=True)
     if changed or module.check_mode:
         speed_model.write(model)
-    variant, picked = bench(module, engine_dir, model, threads, params["engine_args"], ran)
-    if variant == speed.BASELINE:
-        baseline = picked
-    else:
-        tree = baseline_tree(engine_dir, module.tmpdir if module.check_mode else os.path.dirname(engine_dir))
-        try:
-            forced, baseline = bench(module, tree, model, threads, params["engine_args"], ran)
-        finally:
-            shutil.rmtree(tree, ignore_errors=True)
-        if forced != speed.BASELINE:
-            module.fail_json(msg="%s: the speed probe's baseline loaded %s, not %s" % (
-                params["node"], forced, speed.BASELINE), ran=ran, reasons=[])
-    measured = speed.measurement(variant or "unknown", threads, vcpus, picked, baseline)
+    measured = measure(module, engine_dir, model, threads, vcpus, ran)
+    # The two runs are not simultaneous: a burst of load on the host during one of them skews the ratio. A ratio
+    # below the threshold is measured again (at most twice) and the best pair kept; a backend that really is slow
+    # stays slow every time. A node whose picked backend is x64 is its own baseline (ratio 1.0): not measured again.
+    for _attempt in range(RETRIES):
+        if measured["pp_ratio"] >= params["min_ratio"] or measured["variant"] == speed.BASELINE:
+            break
+        time.sleep(1)
+        again = measure(module, engine_dir, model, threads, vcpus, ran)
+        if again["pp_ratio"] > measured["pp_ratio"]:
+            measured = again
     reasons = speed.verdict(params["node"], measured, params["min_ratio"]) + speed.fleet_verdict(
         params["node"], measured, params["peers"], params["min_share"], params["min_peers"])
     result = dict(changed=changed, speed=measured, reasons=reasons, ran=ran,

@@ -77,7 +77,7 @@ def test_add_node_from_nothing_to_ready_then_nothing_to_change(lab, engine, tmp_
     assert speed["variant"] == host_variant and speed["threads"] == speed["vcpus"] >= 1, speed
     assert speed["pp_ratio"] >= 2.0 and speed["pp"] > speed["baseline_pp"] > 0, speed
     (probe,) = task_results(first, SPEED_PROBE)
-    assert probe["speed"] == speed and len(probe["ran"]) == 2, probe
+    assert probe["speed"] == speed and len(probe["ran"]) in (2, 4, 6), probe  # a pair, measured again if skewed
     assert cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == NODE
 
     on_node = controller.ssh(NODE, OCTET, "hostname; sudo stat -c '%n %a %U' /etc/llmgw/tls/ca.crt "
