@@ -15,6 +15,7 @@ from ansible_collections.llmgw.fleet.plugins.module_utils._registry_rows import 
     RegistryConflict,
     RowStore,
     asked_fields,
+    changed_fields,
     node_from_row,
     normalize_timestamp,
     reasons_suffix,
@@ -73,13 +74,10 @@ class NodeStore(RowStore):
                 self._insert_record("nodes", name, record)
                 self._event("node", name, "registered", "state %s on fabric %s" % (record["state"], record["fabric"]))
                 return None, self.get_node(name)
-            if "state" in asked and asked["state"] != before["state"] and "reasons" not in asked:
-                asked["reasons"] = []
-            changes = {k: v for k, v in asked.items() if before[k] != v}
+            changes = changed_fields(before, asked)
             if not changes:
                 return before, before
-            merged = dict(before)
-            merged.update(changes)
+            merged = dict(before, **changes)
             self._check_node_fields(name, merged)
             if "fabric" in changes:
                 self._check_fabric_move(name, changes["fabric"])

@@ -22,6 +22,7 @@ from ansible_collections.llmgw.fleet.plugins.module_utils._registry_rows import 
     RegistryNotFound,
     RowStore,
     asked_fields,
+    changed_fields,
     reasons_suffix,
     replica_from_row,
     shard_from_row,
@@ -85,13 +86,10 @@ class ReplicaStore(RowStore):
                 self._event("replica", name, "recorded", "%d x %d GPUs, %s %s" % (
                     record["shard_count"], record["gpus_per_shard"], record["engine"], record["model"]))
                 return None, self.get_replica(name)
-            if "state" in asked and asked["state"] != before["state"] and "reasons" not in asked:
-                asked["reasons"] = []
-            changes = {k: v for k, v in asked.items() if before[k] != v}
+            changes = changed_fields(before, asked)
             if not changes:
                 return before, before
-            merged = dict(before)
-            merged.update(changes)
+            merged = dict(before, **changes)
             self._check_replica_fields(name, merged)
             if before["shards"] and ({"shard_count", "gpus_per_shard"} & set(changes)):
                 raise RegistryConflict("replica %s holds shards: remove them before changing its shape" % name)

@@ -115,6 +115,13 @@ def asked_fields(fields: Mapping, clearable: Sequence[str]) -> dict:
     return out
 
 
+def changed_fields(before: Mapping, asked: Mapping) -> dict:
+    """The asked fields that differ from the record; a state change asked without reasons clears the old ones."""
+    if "state" in asked and asked["state"] != before["state"] and "reasons" not in asked:
+        asked = dict(asked, reasons=[])
+    return {k: v for k, v in asked.items() if before[k] != v}
+
+
 def shard_key(shard: Mapping) -> tuple:
     try:
         return (int(shard["rank"]), str(shard["node"]), tuple(sorted(int(g) for g in shard.get("gpus", ()))))
