@@ -106,7 +106,8 @@ def stage_lab_up():
 
 
 def stage_pytest(paths):
-    return run([PY, "-m", "pytest", "-p", "no:cacheprovider", "--junitxml", JUNIT, "-ra"] + paths)
+    # The slowest rows printed at the end: what to move to `make faults` or `make bench` when the suite grows.
+    return run([PY, "-m", "pytest", "-p", "no:cacheprovider", "--junitxml", JUNIT, "-ra", "--durations", "25"] + paths)
 
 
 def stage_docs_run():
