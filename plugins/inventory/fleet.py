@@ -11,7 +11,7 @@ description:
   - Reads the nodes recorded in the fleet registry (M(llmgw.fleet.fleet_node)) and yields one host per node.
   - Groups are C(fabric_<fabric>) (the fabric name with anything but letters, digits and C(_) turned into
     C(_), so fabric C(ib-a) is group C(fabric_ib_a)), the node's state (C(pending), C(ready), C(draining),
-    C(lost)), and C(fleet) for every node.
+    C(maintenance), C(lost)), and C(fleet) for every node.
   - Host variables are C(ansible_host) (the node's address) and C(fleet_*) for everything recorded about the
     node, including the GPUs it has free and the shards it holds.
   - The configuration file's name must end in C(fleet.yml) or C(fleet.yaml).
@@ -36,7 +36,7 @@ options:
     description: Only nodes in these states (all when omitted).
     type: list
     elements: str
-    choices: [pending, ready, draining, lost]
+    choices: [pending, ready, draining, maintenance, lost]
 """
 
 EXAMPLES = r"""
@@ -66,7 +66,7 @@ fleet_fabric:
   returned: always
   type: str
 fleet_state:
-  description: C(pending), C(ready), C(draining) or C(lost); the node is also in the group of that name.
+  description: C(pending), C(ready), C(draining), C(maintenance) or C(lost); the node is also in the group of that name.
   returned: always
   type: str
 fleet_gpus:

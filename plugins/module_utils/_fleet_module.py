@@ -14,11 +14,12 @@ ERRORS: Tuple[Type[Exception], ...] = (fleet_registry.RegistryError, placement.P
 
 
 def run(module, work: Callable[[fleet_registry.FleetRegistry], T],
-        errors: Tuple[Type[Exception], ...] = ERRORS) -> Tuple[str, T]:
-    """``work(registry)`` on the registry of the module's ``db`` option. Returns (the registry's path, what
-    ``work`` returned); fails the module on a registry error or one of ``errors``."""
+        errors: Tuple[Type[Exception], ...] = ERRORS, create: bool = True) -> Tuple[str, T]:
+    """``work(registry)`` on the registry of the module's ``db`` option (created when missing, unless ``create`` is
+    False). Returns (the registry's path, what ``work`` returned); fails the module on a registry error or one of
+    ``errors``."""
     try:
-        registry = fleet_registry.open_for_module(module.params["db"], module.check_mode)
+        registry = fleet_registry.open_for_module(module.params["db"], module.check_mode, create=create)
     except fleet_registry.RegistryError as exc:
         module.fail_json(msg=str(exc))
     try:

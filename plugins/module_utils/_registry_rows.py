@@ -13,7 +13,7 @@ import sqlite3
 from typing import List, Mapping, Optional, Sequence
 
 # The states the schema's CHECK constraints allow (the solver reads the same ones: placement.NODE_STATES, ...).
-NODE_STATES = ("pending", "ready", "draining", "lost")
+NODE_STATES = ("pending", "ready", "draining", "maintenance", "lost")
 REPLICA_STATES = ("placing", "starting", "ready", "failed")
 SHARD_STATES = ("pending", "starting", "active", "failed")
 

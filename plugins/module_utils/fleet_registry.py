@@ -131,6 +131,44 @@ MIGRATIONS: Tuple[Tuple[int, str, Tuple[str, ...]], ...] = (
     (3, "nodes.speed", (
         "ALTER TABLE nodes ADD COLUMN speed TEXT NOT NULL DEFAULT '{}'",
     )),
+    # A node drained empty for maintenance (drain_node): a new allowed state. SQLite cannot change a CHECK in place,
+    # so the table is rebuilt (https://www.sqlite.org/lang_altertable.html, "other kinds of table schema changes");
+    # _migrate runs migrations with foreign keys off and checks them before it commits.
+    (4, "nodes.state maintenance", (
+        "DROP TRIGGER shard_gpus_exist",
+        "DROP TRIGGER nodes_keep_held_gpus",
+        """CREATE TABLE nodes_new (
+            name TEXT PRIMARY KEY,
+            address TEXT,
+            vmid INTEGER CHECK (vmid IS NULL OR vmid > 0),
+            proxmox_node TEXT,
+            fabric TEXT NOT NULL CHECK (fabric <> ''),
+            gpu_count INTEGER NOT NULL DEFAULT 0 CHECK (gpu_count >= 0),
+            gpu_type TEXT,
+            cpu_variant TEXT,
+            engine_version TEXT,
+            cert_fingerprint TEXT,
+            state TEXT NOT NULL DEFAULT 'pending'
+                CHECK (state IN ('pending', 'ready', 'draining', 'maintenance', 'lost')),
+            reasons TEXT NOT NULL DEFAULT '[]',
+            last_seen TEXT,
+            created_at TEXT NOT NULL,
+            updated_at TEXT NOT NULL,
+            engine_args TEXT NOT NULL DEFAULT '[]',
+            speed TEXT NOT NULL DEFAULT '{}'
+        )""",
+        "INSERT INTO nodes_new SELECT name, address, vmid, proxmox_node, fabric, gpu_count, gpu_type, cpu_variant, "
+        "engine_version, cert_fingerprint, state, reasons, last_seen, created_at, updated_at, engine_args, speed "
+        "FROM nodes",
+        "DROP TABLE nodes",
+        "ALTER TABLE nodes_new RENAME TO nodes",
+        """CREATE TRIGGER shard_gpus_exist BEFORE INSERT ON shard_gpus
+            WHEN NEW.gpu >= (SELECT gpu_count FROM nodes WHERE name = NEW.node)
+            BEGIN SELECT RAISE(ABORT, 'GPU index beyond the node''s GPU count'); END""",
+        """CREATE TRIGGER nodes_keep_held_gpus BEFORE UPDATE OF gpu_count ON nodes
+            WHEN EXISTS (SELECT 1 FROM shard_gpus WHERE node = NEW.name AND gpu >= NEW.gpu_count)
+            BEGIN SELECT RAISE(ABORT, 'a shard holds a GPU beyond the new GPU count'); END""",
+    )),
 )
 LATEST_VERSION = MIGRATIONS[-1][0]
 
@@ -237,8 +275,19 @@ class FleetRegistry(NodeStore, ReplicaStore):
         return self._conn.execute("SELECT COALESCE(MAX(version), 0) FROM schema_version").fetchone()[0]
 
     def _migrate(self) -> None:
-        if self.schema_version() == LATEST_VERSION:
+        current = self.schema_version()
+        if current == LATEST_VERSION:
             return
+        if 0 < current < LATEST_VERSION and self.path != ":memory:" and os.path.isfile(self.path):
+            self.backup(self.path + ".schema-v%d.bak" % current, replace=False)
+        # A migration may rebuild a table others refer to; foreign keys cannot be switched inside a transaction.
+        self._conn.execute("PRAGMA foreign_keys = OFF")
+        try:
+            self._migrate_all()
+        finally:
+            self._conn.execute("PRAGMA foreign_keys = ON")
+
+    def _migrate_all(self) -> None:
         with self.transaction():
             current = self.schema_version()  # again, now that we hold the write lock
             if current > LATEST_VERSION:
@@ -257,6 +306,29 @@ class FleetRegistry(NodeStore, ReplicaStore):
                 except sqlite3.Error as exc:
                     raise RegistrySchemaError("migration %d (%s) failed: %s" % (version, description, exc))
                 self._conn.execute("INSERT INTO schema_version VALUES (?, ?, ?)", (version, description, utc_now()))
+            broken = self._conn.execute("PRAGMA foreign_key_check").fetchall()
+            if broken:
+                raise RegistrySchemaError("migration to version %d left %d rows whose references do not hold "
+                                          "(first: %s)" % (LATEST_VERSION, len(broken), tuple(broken[0])))
+
+    def backup(self, target: str, replace: bool = True) -> str:
+        """A consistent copy of the registry at ``target`` (SQLite's online backup: writers may go on), mode 0600.
+        With ``replace`` False an existing ``target`` is kept (the first backup of a schema version stays)."""
+        target = os.path.abspath(os.path.expanduser(target))
+        if replace and os.path.exists(target):
+            os.remove(target)
+        try:
+            create_private(target)
+        except FileExistsError:
+            if replace:
+                raise
+            return target
+        copy = sqlite3.connect(target)
+        try:
+            self._conn.backup(copy)
+        finally:
+            copy.close()
+        return target
 
     # -- transactions -------------------------------------------------------------------------------------
 
@@ -317,6 +389,9 @@ class FleetRegistry(NodeStore, ReplicaStore):
                 "fabrics": fabrics}
 
 
-def open_for_module(path: Optional[str], check_mode: bool) -> FleetRegistry:
-    """The registry itself, or in check mode an in-memory copy, so check mode runs the very same checks."""
+def open_for_module(path: Optional[str], check_mode: bool, create: bool = True) -> FleetRegistry:
+    """The registry itself, or in check mode an in-memory copy, so check mode runs the very same checks. With
+    ``create`` False a missing registry is :class:`RegistryNotFound` (a module that only acts on what is recorded)."""
+    if not create and not os.path.exists(resolve_path(path)):
+        raise RegistryNotFound("no fleet registry at %s" % resolve_path(path))
     return FleetRegistry.scratch_copy(path) if check_mode else FleetRegistry(path)

@@ -35,10 +35,10 @@ from ansible_collections.llmgw.fleet.plugins.module_utils import _placement_repo
 from ansible_collections.llmgw.fleet.plugins.module_utils import _placement_search as search
 from ansible_collections.llmgw.fleet.plugins.module_utils._placement_space import Item, Space, Static
 
-NODE_STATES = ("pending", "ready", "draining", "lost")
+NODE_STATES = ("pending", "ready", "draining", "maintenance", "lost")
 REPLICA_STATES = ("placing", "starting", "ready", "failed")
 # A shard on a node in one of these states is live. Draining nodes keep the shards they hold (they only get no
-# new ones); a shard on a lost, pending or unknown node is not live.
+# new ones); a shard on a lost, pending, maintenance (drained empty, see drain_node) or unknown node is not live.
 LIVE_NODE_STATES = ("ready", "draining")
 
 

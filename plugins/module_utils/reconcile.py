@@ -58,7 +58,8 @@ def node_verdicts(nodes: Sequence[Mapping], probes: Mapping[str, Mapping], now: 
     verdicts = {}
     for node in nodes:
         probe = probes.get(node["name"])
-        if probe is None:
+        # A node in maintenance was drained on purpose and may well be off: it is never declared lost.
+        if probe is None or node["state"] == "maintenance":
             continue
         if probe.get("reachable"):
             verdicts[node["name"]] = {"verdict": "recovered" if lost_by_reconcile(node) else "seen"}

@@ -43,7 +43,7 @@ options:
       - The node's state in the fleet. New nodes start C(pending). Only C(ready) nodes are given shards.
       - A change of status without O(reasons) clears the previous reasons.
     type: str
-    choices: [pending, ready, draining, lost]
+    choices: [pending, ready, draining, maintenance, lost]
   reasons:
     description: Why the node is in its status, for people.
     type: list

@@ -100,6 +100,15 @@ PLAYBOOK_ROWS = [
     ("inventory: a model with a shard count that is not a number", "place_replica", {"models": {"odd": {
         "engine": "sim", "shards": "two"}}, "replicas": [{"name": "odd-a", "model": "odd"}]}, {},
      ['shards a count of at least 1 (got "two")']),
+    ("inventory: a model name that is a path and a shell command", "place_replica", {"models": {"../x;reboot": {
+        "engine": "sim", "shards": 1}}, "replicas": [{"name": "odd-a", "model": "../x;reboot"}]}, {},
+     ['"../x;reboot"', "a model name is letters, digits"]),
+    ("drain_node: no node given", "drain_node", {}, {}, ["-e node=NAME"]),
+    ("drain_node: a node name with shell characters", "drain_node", {}, {"node": "bi-node01; reboot"},
+     ['"bi-node01; reboot"', "-e node=NAME"]),
+    ("drain_node: a node the registry does not hold", "drain_node", {}, {"node": "bi-node09"},
+     ["no fleet registry at"]),
+    ("undrain_node: no node given", "undrain_node", {}, {}, ["-e node=NAME"]),
 ]
 
 

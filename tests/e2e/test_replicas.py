@@ -33,12 +33,12 @@ import urllib.request
 
 import pytest
 from gateway_load import Load, failures
-from helpers import REPO, ScratchGateway, ansible_env, gateway_server_states, run_playbook, write_destroy_playbook
+from helpers import REPO, gateway_server_states
+from lab_fleet import LabFleet, listening_ports, ok, running
 from pve_vm_e2e import Lab
 
 from ansible_collections.llmgw.fleet.plugins.module_utils.fleet_registry import FleetRegistry
 
-LAB_INVENTORY = os.path.join(REPO, "inventories", "lab", "hosts.yml")
 NODES = {
     "rp-node01": ("10.77.0.131", "ib-a"),
     "rp-node02": ("10.77.0.132", "ib-a"),
@@ -60,59 +60,9 @@ def load_lab_script(name):
     return module
 
 
-class Fleet:
-    """The test's fleet: its registry, known_hosts and model catalogue, and ways to reach its nodes."""
-
+class Fleet(LabFleet):
     def __init__(self, root):
-        self.root = str(root)
-        self.db = os.path.join(self.root, "fleet.db")
-        self.known_hosts = os.path.join(self.root, "known_hosts")
-        self.models = {"sim-coder": {"engine": "sim", "shards": 2, "gpus_per_shard": 4}}
-        with open(os.path.join(REPO, ".lab", "connection.yml")) as handle:
-            import yaml
-            self.lab = yaml.safe_load(handle)
-        # The test's own gateway, on loopback: every playbook of the test makes it follow the test's registry.
-        self.gateway = ScratchGateway(os.path.join(self.root, "gateway"))
-        self.gateway_key, self.gateway_port = self.gateway.key, self.gateway.port
-
-    def vars(self, **extra):
-        out = {"fleet_registry": self.db, "fleet_known_hosts_file": self.known_hosts, "fleet_models": self.models}
-        out.update(self.gateway.vars)
-        out.update(extra)
-        return out
-
-    def play(self, playbook, check=False, **extra):
-        path = playbook if os.path.isabs(playbook) else os.path.join(REPO, "playbooks", playbook)
-        started = time.monotonic()
-        run = run_playbook(path, self.vars(**extra), check=check, inventory=LAB_INVENTORY)
-        shown = " ".join("%s=%s" % kv for kv in sorted(extra.items()) if isinstance(kv[1], (str, int)))
-        print("  %s %s: %.1f s" % (os.path.basename(path), shown, time.monotonic() - started))
-        return run
-
-    def ssh(self, node, command, check=True):
-        address = NODES[node][0]
-        proc = subprocess.run(
-            ["ssh", "-i", self.lab["ssh_private_key"], "-o", "BatchMode=yes", "-o", "ConnectTimeout=5",
-             "-o", "HostKeyAlias=" + node, "-o", "UserKnownHostsFile=" + self.known_hosts,
-             "-o", "StrictHostKeyChecking=yes", "debian@" + address, command],
-            capture_output=True, text=True, timeout=60, check=False)
-        if check:
-            assert proc.returncode == 0, (node, command, proc.stderr)
-        return proc
-
-    def replica(self, name):
-        with FleetRegistry(self.db) as registry:
-            return registry.get_replica(name)
-
-    def node(self, name):
-        with FleetRegistry(self.db) as registry:
-            return registry.get_node(name)
-
-
-def ok(run):
-    assert not run.failed, ("rc %d, stats %s\n" % (run.rc, run.report["stats"]) + "\n".join(
-        str(m) for m in run.failure_messages()) + run.stderr[-3000:])
-    return run
+        super().__init__(root, NODES, {"sim-coder": {"engine": "sim", "shards": 2, "gpus_per_shard": 4}})
 
 
 def complete(replica, prompt="hello fleet"):
@@ -154,59 +104,10 @@ def epoch(stamp):
     return datetime.datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.timezone.utc).timestamp()
 
 
-def listening_ports(fleet, node):
-    """TCP ports something listens on, on the node (ss), but for ssh."""
-    out = fleet.ssh(node, "ss -Htln").stdout
-    ports = {int(line.split()[3].rsplit(":", 1)[1]) for line in out.splitlines() if line.strip()}
-    return ports - {22}
-
-
-def destroy_vms(fleet):
-    run_playbook(os.path.join(fleet.root, "destroy.yml"), fleet.vars(), inventory=LAB_INVENTORY)
-
-
-def provision_in_parallel(fleet):
-    """provision_node.yml for the four nodes at once, each with its own known_hosts (merged afterwards)."""
-    procs = {}
-    for name, (address, _fabric) in sorted(NODES.items()):
-        argv = [os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), "-i", LAB_INVENTORY,
-                os.path.join(REPO, "playbooks", "provision_node.yml"), "-e", json.dumps(fleet.vars(
-                    node=name, address=address + "/24", fleet_known_hosts_file=fleet.known_hosts + "." + name))]
-        procs[name] = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                       env=ansible_env(), cwd=REPO)
-    for name, proc in procs.items():
-        out = proc.communicate(timeout=600)[0]
-        assert proc.returncode == 0, (name, out[-3000:])
-    with open(fleet.known_hosts, "w") as merged:
-        for name in sorted(NODES):
-            with open(fleet.known_hosts + "." + name) as part:
-                merged.write(part.read())
-
-
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
-    fleet = Fleet(tmp_path_factory.mktemp("replicas"))
-    write_destroy_playbook(os.path.join(fleet.root, "destroy.yml"), sorted(NODES))
-    destroy_vms(fleet)
-    try:
-        provision_in_parallel(fleet)
-        register = os.path.join(fleet.root, "register.yml")
-        with open(register, "w") as handle:
-            handle.write(
-                "- hosts: localhost\n  gather_facts: false\n  tasks:\n"
-                "    - name: Register the nodes ready\n      llmgw.fleet.fleet_node:\n"
-                "        name: '{{ item.name }}'\n        address: '{{ item.address }}'\n"
-                "        fabric: '{{ item.fabric }}'\n        gpus: 8\n        gpu_type: sim\n"
-                "        status: ready\n        last_seen: now\n        db: '{{ fleet_registry }}'\n"
-                "      loop: %s\n" % json.dumps([{"name": n, "address": a, "fabric": f}
-                                                 for n, (a, f) in sorted(NODES.items())]))
-        ok(fleet.play(register))
-        ok(fleet.play("gateway.yml"))
+    with running(Fleet(tmp_path_factory.mktemp("replicas"))) as fleet:
         yield fleet
-    finally:
-        fleet.gateway.stop()
-        if os.environ.get("LLMGW_LAB_KEEP_VMS") != "1":
-            destroy_vms(fleet)
 
 
 def test_check_mode_prints_the_placement_and_records_nothing(fleet):

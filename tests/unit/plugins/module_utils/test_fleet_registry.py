@@ -16,6 +16,7 @@ from ansible_collections.llmgw.fleet.plugins.module_utils import fleet_registry,
 from ansible_collections.llmgw.fleet.plugins.module_utils.fleet_registry import (
     FleetRegistry,
     RegistryConflict,
+    RegistryError,
     RegistryNotFound,
     RegistrySchemaError,
 )
@@ -59,7 +60,7 @@ def test_new_registry_is_wal_with_a_schema_version(registry, db):
     assert registry.schema_version() == fleet_registry.LATEST_VERSION
     raw = sqlite3.connect(db)
     assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    assert raw.execute("SELECT version FROM schema_version").fetchall() == [(1,), (2,), (3,)]
+    assert raw.execute("SELECT version FROM schema_version").fetchall() == [(1,), (2,), (3,), (4,)]
     raw.close()
 
 
@@ -94,7 +95,7 @@ def test_a_version_2_registry_gains_an_unmeasured_speed_and_records_a_probe(db, 
     speed = {"variant": "haswell", "threads": 8, "vcpus": 8, "pp": 410.5, "tg": 61.0,
              "baseline_pp": 22.0, "baseline_tg": 9.1, "pp_ratio": 18.66, "tg_ratio": 6.7}
     with FleetRegistry(db) as reg:
-        assert reg.schema_version() == 3
+        assert reg.schema_version() == fleet_registry.LATEST_VERSION
         node = reg.get_node("node01")
         assert node["speed"] == {} and node["engine_args"] == ["--no-repack"] and node["state"] == "ready"
         _before, after = reg.put_node("node01", speed=speed)
@@ -102,6 +103,39 @@ def test_a_version_2_registry_gains_an_unmeasured_speed_and_records_a_probe(db, 
         assert reg.put_node("node01", speed=dict(speed))[0] == reg.get_node("node01")  # the same numbers: no change
         with pytest.raises(RegistryConflict, match="speed must be a mapping"):
             reg.put_node("node01", speed=[410.5])
+
+
+def test_a_version_3_registry_rebuilt_for_maintenance_keeps_nodes_shards_gpus_and_their_guards(db, monkeypatch):
+    monkeypatch.setattr(fleet_registry, "MIGRATIONS", fleet_registry.MIGRATIONS[:3])
+    monkeypatch.setattr(fleet_registry, "LATEST_VERSION", 3)
+    with FleetRegistry(db) as old:
+        old.put_node("node01", fabric="ib-a", gpu_count=2, state="ready", speed={"pp_ratio": 9.5})
+        old.put_node("node02", fabric="ib-a", gpu_count=2, state="ready")
+        old.put_replica("r1", model="m", engine="sim", shard_count=2, gpus_per_shard=1)
+        old.set_shards("r1", [{"rank": 0, "node": "node01", "gpus": [1]}, {"rank": 1, "node": "node02", "gpus": [0]}])
+        old.put_node("node02", state="draining", reasons=["kernel update"])
+        with pytest.raises(RegistryConflict, match="CHECK constraint failed"):  # version 3 has no maintenance
+            old.put_node("node01", state="maintenance")
+        before = old.snapshot()
+    monkeypatch.undo()
+    with FleetRegistry(db) as reg:
+        assert reg.schema_version() == 4
+        after = reg.snapshot()
+        assert after["nodes"] == before["nodes"] and after["replicas"] == before["replicas"]
+        reg.put_node("node02", state="maintenance")
+        assert reg.get_node("node02")["state"] == "maintenance"
+        # the guards of version 1 came back with the rebuilt table: GPUs beyond the count, the count below a held GPU,
+        # a shard on a node that does not exist
+        with pytest.raises(RegistryError):
+            reg.put_node("node01", gpu_count=1)
+        with pytest.raises(RegistryError):
+            reg.set_shards("r1", [{"rank": 0, "node": "node01", "gpus": [5]},
+                                  {"rank": 1, "node": "node02", "gpus": [0]}])
+        with pytest.raises(RegistryError):
+            reg.set_shards("r1", [{"rank": 0, "node": "nowhere", "gpus": []},
+                                  {"rank": 1, "node": "node02", "gpus": [0]}])
+        assert reg.get_replica("r1")["shards"] == before["replicas"][0]["shards"]
+        assert reg._conn.execute("PRAGMA foreign_keys").fetchone()[0] == 1
 
 
 def test_missing_registry_is_not_created_when_asked_not_to(db):
@@ -299,6 +333,73 @@ def test_two_processes_placing_at_once_never_share_a_gpu(registry, db):
     held = [(s["node"], g) for r in replicas for s in r["shards"] for g in s["gpus"]]
     assert len(held) == len(set(held)) == 32
     assert sorted(r["state"] for r in replicas).count("failed") == 8
+
+
+def test_sixteen_writers_at_once_lose_no_write_and_never_see_a_locked_database(registry, db):
+    """16 processes each record 25 nodes and update each one once (800 writes, every one its own transaction): no
+    "database is locked", every row there with its update, the WAL checkpointed back into the file."""
+    code = """
+        import sys
+        from ansible_collections.llmgw.fleet.plugins.module_utils.fleet_registry import FleetRegistry
+        with FleetRegistry(sys.argv[1]) as reg:
+            for i in range(25):
+                name = "%s-%02d" % (sys.argv[2], i)
+                reg.put_node(name, fabric="ib-a", gpu_count=1, state="pending")
+                reg.put_node(name, state="ready", last_seen="now")
+    """
+    writers = [_python(code, db, "w%02d" % n) for n in range(16)]
+    results = [w.communicate(timeout=300) for w in writers]
+    assert [w.returncode for w in writers] == [0] * 16, [r[1][-500:] for r in results if r[1]]
+    assert not [r for r in results if "locked" in r[1]]
+    nodes = registry.list_nodes()
+    assert len(nodes) == 16 * 25 and {n["state"] for n in nodes} == {"ready"}
+    assert all(n["last_seen"] for n in nodes)
+    registry._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    raw = sqlite3.connect(db)
+    try:
+        assert raw.execute("SELECT COUNT(*) FROM nodes WHERE state = 'ready'").fetchone()[0] == 400
+    finally:
+        raw.close()
+
+
+def test_an_older_registry_is_backed_up_beside_itself_before_it_is_migrated(db, monkeypatch):
+    monkeypatch.setattr(fleet_registry, "MIGRATIONS", fleet_registry.MIGRATIONS[:3])
+    monkeypatch.setattr(fleet_registry, "LATEST_VERSION", 3)
+    with FleetRegistry(db) as old:
+        old.put_node("node01", fabric="ib-a", state="ready")
+        kept = old.snapshot()
+    monkeypatch.undo()
+    with FleetRegistry(db) as reg:
+        assert reg.schema_version() == fleet_registry.LATEST_VERSION
+    backup = db + ".schema-v3.bak"
+    assert os.stat(backup).st_mode & 0o777 == 0o600
+    monkeypatch.setattr(fleet_registry, "MIGRATIONS", fleet_registry.MIGRATIONS[:3])
+    monkeypatch.setattr(fleet_registry, "LATEST_VERSION", 3)
+    with FleetRegistry(backup) as restored:  # the backup is the version-3 registry as it was
+        assert restored.schema_version() == 3
+        assert restored.snapshot()["nodes"] == kept["nodes"]
+    monkeypatch.undo()
+    before = os.stat(backup).st_mtime_ns
+    with FleetRegistry(db):
+        pass
+    assert os.stat(backup).st_mtime_ns == before and not os.path.exists(db + ".schema-v4.bak")
+
+
+def test_fleet_backup_copies_a_registry_in_use_and_the_copy_restores(registry, db, tmp_path):
+    seed(registry)
+    target = str(tmp_path / "copy.db")
+    with registry.transaction():  # a writer holds the lock: the backup still reads a consistent state
+        registry.put_node("node09", fabric="ib-b", state="pending")
+        proc = subprocess.run([sys.executable, os.path.join(REPO, "bin", "fleet"), "backup", target, "--db", db],
+                              capture_output=True, text=True, timeout=60, check=False,
+                              env=dict(os.environ, PYTHONPATH=COLLECTIONS))
+    assert proc.returncode == 0, proc.stderr
+    assert "copied to %s" % target in proc.stdout and os.stat(target).st_mode & 0o777 == 0o600
+    with FleetRegistry(target) as copy:
+        assert copy.get_node("node09") is None, "the copy holds what was committed when it was taken"
+        committed = [n["name"] for n in registry.list_nodes() if n["name"] != "node09"]
+        assert [n["name"] for n in copy.list_nodes()] == committed
+        assert copy.list_replicas() == registry.list_replicas()
 
 
 def test_scratch_copy_changes_nothing_on_disk(registry, db):

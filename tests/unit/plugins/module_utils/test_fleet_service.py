@@ -193,7 +193,8 @@ def test_change_node_maps_options_to_fields_and_compares(registry):
     before, after = fleet_service.change_node(registry, "node01", "absent", NODE_PARAMS)
     assert before["name"] == "node01" and after is None
     assert fleet_service.change_node(registry, "node01", "absent", NODE_PARAMS) == (None, None)
-    with pytest.raises(RegistryConflict, match="node state 'gone' is not one of pending, ready, draining, lost"):
+    with pytest.raises(RegistryConflict,
+                       match="node state 'gone' is not one of pending, ready, draining, maintenance, lost"):
         fleet_service.change_node(registry, "node01", "present", dict(NODE_PARAMS, status="gone"))
 
 

@@ -93,6 +93,13 @@ def test_a_draining_node_that_is_lost_comes_back_draining():
     assert reconcile.state_after_recovery(lost("n2", reconcile.lost_reasons(node("n2"), "never seen"))) == "ready"
 
 
+def test_a_node_in_maintenance_is_never_declared_lost_even_if_probed_and_unreached_for_long():
+    nodes = [node("n1", "2026-12-01T00:00:00Z", state="maintenance"), node("n2", "2026-12-01T00:00:00Z")]
+    probes = {"n1": {"reachable": False, "error": "timed out"}, "n2": {"reachable": False}}
+    verdicts = reconcile.node_verdicts(nodes, probes, NOW, lost_after=10)
+    assert "n1" not in verdicts and verdicts["n2"]["verdict"] == "lost"
+
+
 def test_a_lost_node_whose_host_key_changed_stays_lost_and_says_so():
     error = "Host key verification failed."
     verdicts = reconcile.node_verdicts([lost("n1", ["unseen for 61 s"])], {"n1": {"reachable": False,
