@@ -21,6 +21,8 @@ version_added: 0.1.0
 author: llmgw.fleet developers (@llmgw)
 extends_documentation_fragment:
   - llmgw.fleet.attributes
+  - llmgw.fleet.attributes.INFO_MODULE
+  - llmgw.fleet.engine.TIMEOUT
 options:
   engine:
     description: The engine whose flags to check.
@@ -35,17 +37,6 @@ options:
     description: Launcher settings that replace the widest defaults (for example C(rpc_port), C(bin_dir)).
     type: dict
     default: {}
-  timeout:
-    description: Seconds each C(--help) may take.
-    type: int
-    default: 60
-attributes:
-  check_mode:
-    support: full
-    details: Reads only; runs the same in check mode.
-  diff_mode:
-    support: N/A
-    details: Changes nothing, so there is nothing to diff.
 """
 
 EXAMPLES = r"""

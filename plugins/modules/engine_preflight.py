@@ -20,29 +20,17 @@ version_added: 0.1.0
 author: llmgw.fleet developers (@llmgw)
 extends_documentation_fragment:
   - llmgw.fleet.attributes
+  - llmgw.fleet.attributes.INFO_MODULE
+  - llmgw.fleet.engine
+  - llmgw.fleet.engine.TIMEOUT
 options:
-  engine_dir:
-    description: The directory the engine was unpacked into (llama.cpp release layout, binaries and libraries flat).
-    type: path
-    required: true
   binaries:
     description: The binaries that must start, relative to O(engine_dir), each with the arguments it is run with
       (they should load the backends and exit at once).
     type: dict
     default: {llama-server: [--verbose, --list-devices], ggml-rpc-server: [--help]}
-  timeout:
-    description: Seconds each binary may run.
-    type: int
-    default: 60
 notes:
   - Needs C(ldd) (Debian package libc-bin, always installed); without it only the run is checked.
-attributes:
-  check_mode:
-    support: full
-    details: Reads only; runs the same in check mode.
-  diff_mode:
-    support: N/A
-    details: Changes nothing, so there is nothing to diff.
 """
 
 EXAMPLES = r"""
