@@ -75,15 +75,8 @@ from ansible_collections.llmgw.fleet.plugins.module_utils.engines import runtime
 
 
 def ldd(path):
-    ran = runtime.run_binary(["ldd", path], 60)
-    return "" if ran[3] else ran[1] + ran[2]
-
-
-def run_binary(path, args, timeout):
-    returncode, stdout, stderr, error = runtime.run_binary([path] + list(args), timeout)
-    if error:
-        return None, "", error
-    return returncode, stdout, stderr
+    _code, stdout, stderr, error = runtime.run_binary(["ldd", path], 60)
+    return "" if error else stdout + stderr
 
 
 def main():
@@ -117,11 +110,11 @@ def main():
         if have_ldd:
             reports[path] = ldd(path)
         args = [str(a) for a in (args or [])]
-        code, _out, err = run_binary(path, args, module.params["timeout"])
+        code, _out, err, error = runtime.run_binary([path] + args, module.params["timeout"])
         ran[name] = {"argv": [path] + args, "rc": code}
-        if code is None:
+        if error:
             problems.append({"kind": "timeout", "file": path, "message": "%s %s did not exit: %s"
-                             % (path, " ".join(args), err)})
+                             % (path, " ".join(args), error)})
             continue
         problems.extend(runtime.start_problems(path, code, err, reports))
     problems = runtime.merge_missing(problems)
