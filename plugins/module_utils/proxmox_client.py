@@ -3,8 +3,9 @@
 
 It authenticates by API token or password, verifies TLS by default (optionally against a CA file), waits for
 tasks itself (a task that ends in an error fails at once, with the tail of its log; ``WARNINGS: N`` counts as
-success) and raises the typed errors of ``proxmox_errors``. It never calls ``fail_json``: modules, the lookup
-and the inventory plugin turn its errors into their own messages.
+success) and raises the typed errors of ``proxmox_errors``. It never calls ``fail_json``: the modules that use it
+(``pve_vm`` and ``pve_vm_info`` through ``pve_vm_runner``, ``wait_for_node`` through ``node_wait``) turn its
+errors into their own messages.
 
 Under parallel load (the forks of one add_node run) it keeps to what Proxmox VE does: an operation that fails on
 a config file lock ("can't lock file '...' - got timeout": qemu-server's lock_config_full/lock_config_shared gave

@@ -11,20 +11,17 @@ description:
     engine, the libraries outside it that its binaries and libraries load (as C(ldd) resolves them, with size and
     modification time, or C(not found)), the CPU model and flags from C(/proc/cpuinfo), the vCPUs the process may
     run on, the probe model's sha256, the check options and this collection's check tables.
-  - Without O(report), compares the digest with the record the last passing checks left in the engine directory
-    and returns that record's report when they match (RV(current)); an engine directory that does not exist is
-    not current. Onboarding then skips the checks; any change,
-    such as libgomp removed, another CPU type or vCPU count, or another engine build, makes them run again.
+  - Without O(report), compares the digest with the record the last passing checks left in O(engine_dir) (the file
+    C(.llmgw-checks.json) there) and returns that record's report when they match (RV(current)); an engine
+    directory that does not exist is not current. Onboarding then skips the checks; any change, such as libgomp
+    removed, another CPU type or vCPU count, or another engine build, makes them run again.
   - With O(report), writes the record (the digest and the report of checks that just passed).
 version_added: 0.2.0
 author: llmgw.fleet developers (@llmgw)
 extends_documentation_fragment:
   - llmgw.fleet.attributes
+  - llmgw.fleet.engine
 options:
-  engine_dir:
-    description: The directory the engine was unpacked into; the record is the file C(.llmgw-checks.json) there.
-    type: path
-    required: true
   probe_model:
     description: The model the completion check loads; its sha256 is part of the digest.
     type: path

@@ -20,17 +20,9 @@ description:
 version_added: 0.1.0
 author: llmgw.fleet developers (@llmgw)
 options:
-  engine_dir:
-    description: The directory the engine was unpacked into (holds C(llama-server)).
-    type: path
-    required: true
   model:
     description: A small quantized GGUF on the node (the engine role copies C(llmgw-probe-q4_0.gguf), 75 KiB).
     type: path
-    required: true
-  node:
-    description: The node's name, for the messages.
-    type: str
     required: true
   threads:
     description: Threads llama-server uses.
@@ -47,6 +39,8 @@ options:
     default: [[--no-repack]]
 extends_documentation_fragment:
   - llmgw.fleet.attributes
+  - llmgw.fleet.engine
+  - llmgw.fleet.engine.NODE
 attributes:
   check_mode:
     support: full

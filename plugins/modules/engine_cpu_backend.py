@@ -20,12 +20,10 @@ version_added: 0.1.0
 author: llmgw.fleet developers (@llmgw)
 extends_documentation_fragment:
   - llmgw.fleet.attributes
+  - llmgw.fleet.attributes.INFO_MODULE
+  - llmgw.fleet.engine
+  - llmgw.fleet.engine.TIMEOUT
 options:
-  engine_dir:
-    description: Directory holding the engine (llama.cpp release layout, the C(libggml-cpu-*.so) variants next to
-      the binaries).
-    type: path
-    required: true
   floor:
     description: The lowest acceptable variant. C(x64) is refused whatever this says.
     type: str
@@ -54,17 +52,6 @@ options:
     type: list
     elements: str
     default: [--verbose, --list-devices]
-  timeout:
-    description: Seconds the engine may run.
-    type: int
-    default: 60
-attributes:
-  check_mode:
-    support: full
-    details: Reads only; runs the same in check mode.
-  diff_mode:
-    support: N/A
-    details: Changes nothing, so there is nothing to diff.
 """
 
 EXAMPLES = r"""

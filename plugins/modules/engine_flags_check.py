@@ -21,6 +21,8 @@ version_added: 0.1.0
 author: llmgw.fleet developers (@llmgw)
 extends_documentation_fragment:
   - llmgw.fleet.attributes
+  - llmgw.fleet.attributes.INFO_MODULE
+  - llmgw.fleet.engine.TIMEOUT
 options:
   engine:
     description: The engine whose flags to check.
@@ -35,17 +37,6 @@ options:
     description: Launcher settings that replace the widest defaults (for example C(rpc_port), C(bin_dir)).
     type: dict
     default: {}
-  timeout:
-    description: Seconds each C(--help) may take.
-    type: int
-    default: 60
-attributes:
-  check_mode:
-    support: full
-    details: Reads only; runs the same in check mode.
-  diff_mode:
-    support: N/A
-    details: Changes nothing, so there is nothing to diff.
 """
 
 EXAMPLES = r"""
@@ -103,8 +94,9 @@ def resolve(argv, engine_dir):
     return list(argv)
 
 
-def run(argv, timeout):
-    """(text, error): stdout, or stderr when the program printed its help there; minus backend log lines."""
+def read_help(argv, timeout):
+    """(text, error): what ``argv`` printed (run by ``runtime.run_binary``): stdout, or stderr when the program
+    printed its help there; minus backend log lines."""
     returncode, stdout, stderr, error = runtime.run_binary(argv, timeout)
     if error:
         return None, "%s: %s" % (" ".join(argv), error)
@@ -132,7 +124,7 @@ def main():
     except (launcher.LaunchSpecError, TypeError) as exc:
         module.fail_json(msg="cannot build the launcher's commands: %s" % exc)
 
-    version_text, _error = run(resolve(table.VERSION_COMMAND, engine_dir), timeout)
+    version_text, _error = read_help(resolve(table.VERSION_COMMAND, engine_dir), timeout)
     version = table.parse_version(version_text) if version_text else None
     same_version = version == table.VERSION
     result = dict(changed=False, engine_version=version, table_version=table.VERSION, checked={}, missing=[],
@@ -140,7 +132,7 @@ def main():
     errors = []
     for binary, flags in wanted.items():
         argv = resolve(shlex.split(binary), engine_dir) + list(table.HELP_ARGV.get(binary, ("--help",)))
-        text, error = run(argv, timeout)
+        text, error = read_help(argv, timeout)
         if error:
             errors.append(error)
             continue

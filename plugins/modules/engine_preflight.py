@@ -20,29 +20,17 @@ version_added: 0.1.0
 author: llmgw.fleet developers (@llmgw)
 extends_documentation_fragment:
   - llmgw.fleet.attributes
+  - llmgw.fleet.attributes.INFO_MODULE
+  - llmgw.fleet.engine
+  - llmgw.fleet.engine.TIMEOUT
 options:
-  engine_dir:
-    description: The directory the engine was unpacked into (llama.cpp release layout, binaries and libraries flat).
-    type: path
-    required: true
   binaries:
     description: The binaries that must start, relative to O(engine_dir), each with the arguments it is run with
       (they should load the backends and exit at once).
     type: dict
     default: {llama-server: [--verbose, --list-devices], ggml-rpc-server: [--help]}
-  timeout:
-    description: Seconds each binary may run.
-    type: int
-    default: 60
 notes:
   - Needs C(ldd) (Debian package libc-bin, always installed); without it only the run is checked.
-attributes:
-  check_mode:
-    support: full
-    details: Reads only; runs the same in check mode.
-  diff_mode:
-    support: N/A
-    details: Changes nothing, so there is nothing to diff.
 """
 
 EXAMPLES = r"""
@@ -87,15 +75,8 @@ from ansible_collections.llmgw.fleet.plugins.module_utils.engines import runtime
 
 
 def ldd(path):
-    ran = runtime.run_binary(["ldd", path], 60)
-    return "" if ran[3] else ran[1] + ran[2]
-
-
-def run_binary(path, args, timeout):
-    returncode, stdout, stderr, error = runtime.run_binary([path] + list(args), timeout)
-    if error:
-        return None, "", error
-    return returncode, stdout, stderr
+    _code, stdout, stderr, error = runtime.run_binary(["ldd", path], 60)
+    return "" if error else stdout + stderr
 
 
 def main():
@@ -129,11 +110,11 @@ def main():
         if have_ldd:
             reports[path] = ldd(path)
         args = [str(a) for a in (args or [])]
-        code, _out, err = run_binary(path, args, module.params["timeout"])
+        code, _out, err, error = runtime.run_binary([path] + args, module.params["timeout"])
         ran[name] = {"argv": [path] + args, "rc": code}
-        if code is None:
+        if error:
             problems.append({"kind": "timeout", "file": path, "message": "%s %s did not exit: %s"
-                             % (path, " ".join(args), err)})
+                             % (path, " ".join(args), error)})
             continue
         problems.extend(runtime.start_problems(path, code, err, reports))
     problems = runtime.merge_missing(problems)

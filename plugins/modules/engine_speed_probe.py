@@ -22,18 +22,12 @@ version_added: 0.2.0
 author: llmgw.fleet developers (@llmgw)
 extends_documentation_fragment:
   - llmgw.fleet.attributes
+  - llmgw.fleet.engine
+  - llmgw.fleet.engine.NODE
 options:
-  engine_dir:
-    description: The directory the engine was unpacked into (C(llama-bench) and the C(libggml-cpu-*.so) variants).
-    type: path
-    required: true
   model:
     description: Where the probe model is written (kept, and rewritten only when its sha256 differs).
     type: path
-    required: true
-  node:
-    description: The node's name, for the messages.
-    type: str
     required: true
   engine_args:
     description: The arguments every C(llama-server) on this node runs with (what the completion check found);

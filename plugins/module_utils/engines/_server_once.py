@@ -2,7 +2,8 @@
 """Start llama-server on loopback, ask it for one completion, stop it: one attempt of the completion probe.
 
 The I/O side of ``completion_probe`` (which says what the attempts mean). A long-running child with a client
-talking to it meanwhile is not what ``AnsibleModule.run_command`` does, hence this helper.
+talking to it meanwhile is not what ``AnsibleModule.run_command`` does: the server is started with
+:func:`runtime.start_binary`, the engine modules' one way to run a binary.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import time
 from ansible.module_utils.urls import open_url
 
 from ansible_collections.llmgw.fleet.plugins.module_utils import ggml_cpu_variants
+from ansible_collections.llmgw.fleet.plugins.module_utils.engines import runtime
 
 
 def free_port():
@@ -51,7 +53,7 @@ def attempt(engine_dir, model, threads, timeout, args):
     argv = [os.path.join(engine_dir, "llama-server"), "--verbose", "--host", "127.0.0.1", "--port", str(port),
             "--model", model, "--ctx-size", "256", "--threads", str(threads)] + list(args)
     with tempfile.TemporaryFile(mode="w+", errors="replace") as log:
-        server = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd="/")
+        server = runtime.start_binary(argv, log)
         result = {"args": list(args), "answered": False, "rc": None, "error": ""}
         try:
             deadline = time.monotonic() + timeout

@@ -1,6 +1,7 @@
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Why an engine binary will not start, from ``ldd`` output and from running it. Pure (text and codes in) but for
-:func:`run_binary`, the one way the engine modules run a binary.
+:func:`run_binary` and :func:`start_binary`, the one way the engine modules run a binary (to its end, or as a
+server they talk to meanwhile).
 
 A missing shared library is named with the Debian package that provides it (libgomp.so.1 -> libgomp1); a binary
 killed by a signal is named with the signal and what it usually means here (SIGILL: an instruction this CPU, or
@@ -143,16 +144,26 @@ def merge_missing(problems):
     return merged
 
 
+# How every engine binary is run: no stdin, and cwd ``/``, since llama.cpp also loads backends from the current
+# directory and a stray copy there would change what is checked.
+_CHILD = {"cwd": "/", "stdin": subprocess.DEVNULL}
+
+
 def run_binary(argv, timeout):
-    """Run one engine binary the way every engine check does (I/O: the one subprocess helper of the engine
-    modules): no stdin, and cwd ``/``, since llama.cpp also loads backends from the current directory and a stray
-    copy there would change what is checked. ``(returncode, stdout, stderr, error)``: returncode None and error
+    """Run one engine binary to its end the way every engine check does (I/O: the one subprocess helper of the
+    engine modules, with :func:`start_binary`). ``(returncode, stdout, stderr, error)``: returncode None and error
     set when it could not start or ran past ``timeout`` seconds."""
     try:
-        done = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, cwd="/",
-                              stdin=subprocess.DEVNULL, check=False)
+        done = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, check=False, **_CHILD)
     except subprocess.TimeoutExpired:
         return None, "", "", "timed out after %s s" % timeout
     except OSError as exc:
         return None, "", "", str(exc)
     return done.returncode, done.stdout, done.stderr, None
+
+
+def start_binary(argv, log):
+    """Start one engine binary that keeps running (a server the caller talks to, then stops), as :func:`run_binary`
+    runs one: no stdin, cwd ``/``; stdout and stderr both go to the file object ``log``. The ``subprocess.Popen``;
+    OSError when it could not start."""
+    return subprocess.Popen(list(argv), stdout=log, stderr=subprocess.STDOUT, **_CHILD)

@@ -82,3 +82,14 @@ def test_run_binary_runs_in_root_without_stdin_and_says_why_it_could_not(tmp_pat
     slow.write_text("#!/bin/sh\nsleep 5\n")
     slow.chmod(0o755)
     assert runtime.run_binary([str(slow)], 1) == (None, "", "", "timed out after 1 s")
+
+
+def test_start_binary_starts_a_server_the_same_way(tmp_path):
+    """The completion probe's server starts as run_binary runs a check: cwd /, no stdin, stderr with stdout."""
+    script = tmp_path / "server"
+    script.write_text("#!/bin/sh\npwd\nread line || echo no-stdin >&2\nexit 4\n")
+    script.chmod(0o755)
+    log = tmp_path / "log"
+    with open(log, "w+") as handle:
+        assert runtime.start_binary([str(script)], handle).wait(timeout=10) == 4
+    assert log.read_text() == "/\nno-stdin\n"
