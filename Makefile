@@ -9,13 +9,14 @@ export ANSIBLE_COLLECTIONS_PATH := $(COLLECTIONS)
 export PYTHONPATH := $(CURDIR)/tests/lab
 LAB := $(PY) -m pve_lab
 
-.PHONY: help venv system-deps collection demo test lint sanity units docs molecule lab-up lab-down lab-status shell bench fleet-scale clean
+.PHONY: help venv system-deps collection demo test lint sanity units docs molecule lab-up lab-down lab-status shell bench faults fleet-scale clean
 
 help:
 	@echo "make demo     - bring the lab up and run the main job on it"
 	@echo "make test     - the whole suite (lint, sanity, units, docs, lab, end-to-end), with a time summary"
 	@echo "make lint | sanity | units | docs - one quality gate (units: ansible-test units; docs: antsibull-docs, ansible-doc)"
 	@echo "make bench    - figures that show the collection is worth it (make bench QUICK=1 for a smoke run)"
+	@echo "make faults   - the heavy rows make test leaves out: nodes lost, powered off and partitioned under load, a QEMU guest boot"
 	@echo "make fleet-scale - the fleet-run test at 16 nodes on 2 fabrics (make test runs it at 4; about 10 minutes)"
 	@echo "make lab-up | lab-down | lab-status"
 	@echo "make shell    - a shell where the commands of README and docs work as typed (.venv/bin on PATH)"
@@ -76,6 +77,9 @@ molecule: venv collection
 
 bench: venv system-deps collection
 	$(PY) tests/bench/run.py $(if $(QUICK),--quick,)
+
+faults: venv system-deps collection
+	$(PY) tests/suite.py --only faults
 
 fleet-scale: venv system-deps collection
 	LLMGW_FLEET_NODES=16 $(PY) -m pytest -p no:cacheprovider -ra tests/e2e/test_fleet_run.py

@@ -15,3 +15,9 @@ for path in (COLLECTIONS, os.path.join(REPO, "tests", "lab")):
     if path not in sys.path:
         sys.path.insert(0, path)
 os.environ.setdefault("ANSIBLE_COLLECTIONS_PATH", COLLECTIONS)
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "heavy: a fault row (a node lost, powered off or partitioned) or a lab self-test that a lighter "
+                   "end-to-end test already covers: `make faults` runs them, `make test` leaves them out")

@@ -258,11 +258,12 @@ def status_lines(nodes: Sequence[Mapping], replicas: Sequence[Mapping]) -> List[
             fabric, len(members), len(ready), sum(n["free_gpus"] for n in ready),
             sum(n["gpu_count"] for n in ready)))
         rows = [[
-            n["name"], n["state"], "%d/%d" % (n["free_gpus"], n["gpu_count"]), n.get("gpu_type"), n.get("address"),
-            n.get("last_seen"), speed_words(n.get("speed")), " ".join(sorted(held.get(n["name"], []))),
+            n["name"], n["state"], "%d/%d" % (n["free_gpus"], n["gpu_count"]), n.get("gpu_type"),
+            n.get("engine_version"), n.get("address"), n.get("last_seen"), speed_words(n.get("speed")),
+            " ".join(sorted(held.get(n["name"], []))),
         ] for n in members]
         lines.extend("  " + line for line in _table(
-            ["NODE", "STATE", "FREE/GPUS", "GPU TYPE", "ADDRESS", "LAST SEEN", "SPEED", "SHARDS"], rows))
+            ["NODE", "STATE", "FREE/GPUS", "GPU TYPE", "ENGINE", "ADDRESS", "LAST SEEN", "SPEED", "SHARDS"], rows))
         lines.extend(_reason_lines(members))
         lines.extend("  %s: every llama-server there runs with %s (found at onboarding)"
                      % (n["name"], " ".join(n["engine_args"])) for n in members if n.get("engine_args"))

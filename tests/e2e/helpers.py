@@ -64,6 +64,8 @@ class PlaybookRun:
                 for result in task["hosts"].values():
                     if result.get("failed"):
                         messages.append(result.get("msg", ""))
+                    elif result.get("unreachable"):
+                        messages.append("unreachable at %r: %s" % (task["task"]["name"], result.get("msg", "")))
         return messages
 
 

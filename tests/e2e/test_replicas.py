@@ -335,6 +335,7 @@ def test_the_gateway_routes_by_model_to_ready_replicas_only(fleet):
     assert not_ready["status"] == 503 and "model_not_ready" in not_ready["error"]
 
 
+@pytest.mark.heavy
 def test_a_lost_node_fails_and_reaps_its_replica_and_the_replacement_is_ready_on_the_other_fabric(fleet):
     ok(fleet.play("reconcile.yml", node_lost_after=LOST_AFTER))  # everyone seen just now
     vmid = 1000 + int(NODES["rp-node02"][0].rsplit(".", 1)[1])
@@ -427,6 +428,7 @@ def lab_partition(vmid, heal=False):
     subprocess.run(argv, cwd=REPO, env=dict(os.environ, PYTHONPATH=os.path.join(REPO, "tests", "lab")), check=True)
 
 
+@pytest.mark.heavy
 def test_a_lost_node_that_boots_again_is_ready_and_its_old_unit_file_is_removed(fleet):
     lab = Lab()
     lab.client.start_vm(lab.node, vmid_of("rp-node02"), 120)
@@ -438,6 +440,7 @@ def test_a_lost_node_that_boots_again_is_ready_and_its_old_unit_file_is_removed(
     assert fleet.ssh("rp-node02", "ls /etc/systemd/system/ | grep -c llmgw-shard || true").stdout.strip() == "0"
 
 
+@pytest.mark.heavy
 def test_a_partitioned_node_comes_back_ready_and_the_shard_it_kept_running_is_stopped(fleet):
     """A partition, not a crash: the node is lost while its shard keeps running; the replica is placed elsewhere;
     when the node answers again it is ready again, and the shard it still runs (now a second copy) is stopped."""

@@ -230,6 +230,8 @@ def test_vm_without_os_runs_but_never_answers(lab):
     assert not lab.backend.is_running(spec.vmid)
 
 
+# tests/e2e/test_onboard_refusals.py boots a kvm64 guest too, and shows x64 loading in it, in every make test.
+@pytest.mark.heavy
 def test_kvm64_guest_boots_under_qemu_without_the_host_features(lab, nodes):
     guest = lab.boot(NODE_KVM64, "lab-kvm64", None, QEMU_SSH_TIMEOUT)
     timing("QEMU kvm64 boot to ssh", guest["boot_to_ssh"])

@@ -23,7 +23,8 @@ def env_for(db):
 
 
 def record(db, tmp_path, speed, check=False):
-    args = {"name": "node01", "fabric": "ib-a", "status": "ready", "address": "10.77.0.11", "speed": speed}
+    args = {"name": "node01", "fabric": "ib-a", "status": "ready", "address": "10.77.0.11", "speed": speed,
+            "engine_version": "b11434"}
     tasks = [{"name": "node", "llmgw.fleet.fleet_node": args}]
     play = tmp_path / "play.yml"
     play.write_text(json.dumps([{"hosts": "localhost", "gather_facts": False, "tasks": tasks}]))
@@ -64,7 +65,7 @@ def test_a_measured_speed_is_recorded_once_and_shown_by_status_and_the_inventory
                             env=env_for(db), capture_output=True, text=True, check=True).stdout.splitlines()
     header = next(line for line in status if line.split()[:2] == ["NODE", "STATE"])
     row = next(line for line in status if line.split()[:1] == ["node01"])
-    assert "SPEED" in header
+    assert "SPEED" in header and row[header.index("ENGINE"):].startswith("b11434 ")
     assert row[header.index("SPEED"):].startswith("haswell pp 300 tg 61 t/s 13.6x x64 8t")
 
     config = tmp_path / "lab.fleet.yml"
