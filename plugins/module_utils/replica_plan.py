@@ -59,11 +59,14 @@ def choose_port(replica: Mapping, replicas: Iterable[Mapping], base: int = BASE_
 
 
 def systemd_quote(word: str) -> str:
-    """One argument of ExecStart=: quoted when it must be, with systemd's specifiers (%) escaped."""
+    """One argument of ExecStart= (or Environment=): quoted when it must be, with systemd's specifiers (%) escaped
+    and control characters written as C escapes (systemd.syntax(7)), so that a value with a line break cannot start
+    a new line, and so a new directive, in the unit file."""
     word = str(word).replace("%", "%%")
-    if word and not re.search(r"[\s\"'\\;$]", word):
+    if word and not re.search(r"[\s\"'\\;$\x00-\x1f\x7f]", word):
         return word
-    return '"%s"' % word.replace("\\", "\\\\").replace('"', '\\"').replace("$", "$$")
+    word = word.replace("\\", "\\\\").replace('"', '\\"').replace("$", "$$")
+    return '"%s"' % re.sub(r"[\x00-\x1f\x7f]", lambda m: "\\x%02x" % ord(m.group()), word)
 
 
 def plan(replica: Mapping, model_path: Optional[str] = None, engine_dir: str = "",

@@ -82,6 +82,17 @@ def test_systemd_quoting_escapes_specifiers_and_spaces():
     assert replica_plan.systemd_quote("plain") == "plain"
     assert replica_plan.systemd_quote("50%") == "50%%"
     assert replica_plan.systemd_quote('a "b" $c') == '"a \\"b\\" $$c"'
+    assert replica_plan.systemd_quote("a\nb\tc") == '"a\\x0ab\\x09c"'
+
+
+def test_a_value_with_a_line_break_cannot_add_a_directive_to_the_unit():
+    injected = "m\n[Service]\nExecStartPre=/bin/rm -rf /\nUser=root"
+    plan = replica_plan.plan(replica(model=injected, nodes=("node01",), shards=1))
+    text = plan["units"][0]["unit_text"]
+    directives = [line.split("=", 1)[0] for line in text.splitlines() if "=" in line and not line.startswith(" ")]
+    assert "ExecStartPre" not in directives and directives.count("ExecStart") == 1
+    assert [line for line in text.splitlines() if line.startswith("[")] == ["[Unit]", "[Service]", "[Install]"]
+    assert "\\x0a[Service]\\x0aExecStartPre=/bin/rm -rf /\\x0aUser=root" in text
 
 
 def test_the_launcher_knows_the_simulated_engine_without_a_flag_table():
