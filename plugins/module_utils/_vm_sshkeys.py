@@ -1,0 +1,51 @@
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The ``sshkeys`` value: user input normalized, PVE's URL encoding undone and done, and keys compared by type
+and blob (a comment or options do not make another key).
+
+Private to :mod:`vm_plan` (which re-exports the public names); pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import quote, unquote
+
+
+def _key_lines(text):
+    for line in str(text or "").splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            yield line
+
+
+def _key_identity(line):
+    """A key is its type and blob; the comment and options do not make it another key."""
+    fields = line.split()
+    for index, field in enumerate(fields):
+        if field.startswith(("ssh-", "ecdsa-", "sk-")) and index + 1 < len(fields):
+            return (field, fields[index + 1])
+    return (line,)
+
+
+def normalize_sshkeys(keys):
+    """User input (a multi-line string or a list of lines) -> the text to store, one key per line."""
+    if keys is None:
+        return None
+    if isinstance(keys, (list, tuple)):
+        keys = "\n".join(str(k) for k in keys)
+    lines = list(_key_lines(keys))
+    return "\n".join(lines) + "\n" if lines else ""
+
+
+def decode_sshkeys(value):
+    """The ``sshkeys`` value as PVE stores it (URL-encoded) -> the decoded text."""
+    return unquote(str(value or ""))
+
+
+def encode_sshkeys(text):
+    """Text -> the URL-encoded form PVE requires (``+`` for space is refused, hence ``safe=''``)."""
+    return quote(text, safe="")
+
+
+def sshkey_set(text):
+    """The set of keys (type, blob) in decoded text."""
+    return frozenset(_key_identity(line) for line in _key_lines(text))
