@@ -35,8 +35,9 @@ from ansible_collections.llmgw.fleet.plugins.module_utils.vm_plan import (
 STATES = vm_fields.BY_NAME["state"].choices
 
 
-class Refusal(Exception):
-    """The run stopped before changing anything, because going on could lose something."""
+class VMRefused(Exception):
+    """The run stopped before changing anything, because going on could lose something. (Not the solver's
+    :class:`placement.Refusal`, which is an answer, not an error.)"""
 
 
 class VMRequest:
@@ -96,7 +97,7 @@ class VMRunner:
         req = self.req
         named = match_vms(guests, name=req.name)
         if len(named) > 1:
-            raise Refusal(
+            raise VMRefused(
                 "name %r matches %d VMs: %s. Nothing was changed. Names must be unique in the fleet: rename or "
                 "remove all but one (and pass vmid to say which one this task manages)."
                 % (req.name, len(named), "; ".join(_describe(g) for g in sorted(named, key=lambda g: g["vmid"])))
@@ -104,7 +105,7 @@ class VMRunner:
         vm = named[0] if named else None
         wanted_vmid = derive_vmid(req.address, req.vmid_base, req.vmid) if req.manages_identity else None
         if vm is not None and vm.get("template"):
-            raise Refusal(
+            raise VMRefused(
                 "name %r belongs to a template, %s; a fleet node cannot share its name. Nothing was changed."
                 % (req.name, _describe(vm))
             )
@@ -114,7 +115,7 @@ class VMRunner:
                 if req.vmid is not None
                 else ("VMID %d, derived from address %s (vmid_base %s)" % (wanted_vmid, req.address, req.vmid_base))
             )
-            raise Refusal(
+            raise VMRefused(
                 "name %r exists as %s, but this task asks for %s. Nothing was changed. If that VM is this node, "
                 "pass vmid: %d (or the address it was built with); if the node is being rebuilt at a new "
                 "address, remove the old VM first (state: absent)." % (req.name, _describe(vm), how, vm["vmid"])
@@ -124,7 +125,7 @@ class VMRunner:
     def _refuse_taken_vmid(self, guests, vmid):
         holders = [g for g in guests if g["vmid"] == vmid]
         if holders:
-            raise Refusal(
+            raise VMRefused(
                 "VMID %d (for %r) is already used by %s. Nothing was changed. Both names: %r wanted, %r found. "
                 "Choose another address or vmid_base, pass an explicit vmid, or rename/remove the other guest if "
                 "it is a leftover."
@@ -146,7 +147,7 @@ class VMRunner:
             if same_host_ip(address_of(config), self.req.address):
                 owners.append(guest)
         if owners:
-            raise Refusal(
+            raise VMRefused(
                 "address %s is already used by %s (its ipconfig0). Nothing was changed. Give %r another address, "
                 "or remove the other VM if it is a leftover."
                 % (parse_address(self.req.address).ip, "; ".join(_describe(g) for g in owners), self.req.name)
@@ -175,14 +176,14 @@ class VMRunner:
         else:
             matches = [g for g in guests if g.get("type") == "qemu" and g.get("name") == clone]
         if not matches:
-            raise Refusal("template %r to clone from does not exist. Nothing was changed." % clone)
+            raise VMRefused("template %r to clone from does not exist. Nothing was changed." % clone)
         if len(matches) > 1:
-            raise Refusal(
+            raise VMRefused(
                 "template name %r matches %d VMs: %s; pass its VMID as clone. Nothing was changed."
                 % (clone, len(matches), "; ".join(_describe(g) for g in matches))
             )
         if not matches[0].get("template"):
-            raise Refusal(
+            raise VMRefused(
                 "%s is not a template; fleet nodes are cloned from a template (convert it first). Nothing was "
                 "changed." % _describe(matches[0])
             )
@@ -196,7 +197,7 @@ class VMRunner:
         nodes = self.client.nodes()
         if len(nodes) == 1:
             return nodes[0]
-        raise Refusal(
+        raise VMRefused(
             "the cluster has %d nodes (%s); pass node (or PROXMOX_NODE) to say where %r goes. Nothing was "
             "changed." % (len(nodes), ", ".join(nodes), self.req.name)
         )
@@ -218,7 +219,7 @@ class VMRunner:
         try:
             return self.client.wait_unlocked(vm["node"], vm["vmid"], self.req.timeout)
         except Locked as exc:
-            raise Refusal(
+            raise VMRefused(
                 "VM %r (VMID %s on node %s) is still locked (%s) after %ss: %s. Nothing was changed. A 'clone' or "
                 "'create' lock that never clears is a VM half-made by an interrupted run: check the node's task "
                 "log; if no task is running for it, remove it (qm unlock %s && qm destroy %s --purge) and run "
@@ -236,7 +237,7 @@ class VMRunner:
         self._check_cpu()
         if vm is None:
             if wanted_vmid is None:
-                raise Refusal(
+                raise VMRefused(
                     "VM %r does not exist and neither address nor vmid is given, so its VMID is unknown. Nothing "
                     "was changed." % self.req.name
                 )

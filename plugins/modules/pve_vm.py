@@ -266,7 +266,7 @@ from ansible_collections.llmgw.fleet.plugins.module_utils.proxmox_client import 
     settings_from_params,
 )
 from ansible_collections.llmgw.fleet.plugins.module_utils.proxmox_errors import ProxmoxError, TaskFailed, Timeout
-from ansible_collections.llmgw.fleet.plugins.module_utils.pve_vm_runner import Refusal, VMRequest, run_vm
+from ansible_collections.llmgw.fleet.plugins.module_utils.pve_vm_runner import VMRefused, VMRequest, run_vm
 from ansible_collections.llmgw.fleet.plugins.module_utils.vm_plan import PlanError
 
 # The VM options, their types and defaults come from the one table of VM fields (module_utils/vm_fields.py);
@@ -295,7 +295,7 @@ def main():
         warn_if_unverified(module)
         client = ProxmoxClient.connect(settings_from_params(params))
         outcome = run_vm(client, request, check_mode=module.check_mode)
-    except (Refusal, PlanError) as exc:
+    except (VMRefused, PlanError) as exc:
         module.fail_json(msg=str(exc), name=params["name"])
     except (TaskFailed, Timeout) as exc:
         module.fail_json(msg=str(exc), name=params["name"], upid=exc.upid, task_log=exc.log_tail)

@@ -8,7 +8,8 @@ Four lab nodes on one fabric (dr-node01..04, 10.77.0.185-188, two simulated GPUs
   Ready elsewhere, the pair whole on two nodes it did not use before; no unit left on the drained node or on the
   pair's other old node; the node in ``maintenance``; a second run changes nothing;
 * maintenance survives: the node powered off through the Proxmox API and reconcile run twice past
-  ``node_lost_after`` leave it in maintenance (never lost), and place_replica never uses it;
+  ``node_lost_after`` leave it in maintenance (never lost), place_replica never uses it, and converge over an
+  inventory that declares it reports it held instead of onboarding it ready again;
 * no room: draining a node of the pair while the fleet cannot hold it twice refuses before any change, naming it;
   with ``allow_downtime=true`` it is stopped and placed again, and the requests that failed meanwhile are counted;
 * undrain_node brings the node back (powered on, answering with its pinned host key) ready.
@@ -21,9 +22,10 @@ import os
 import time
 
 import pytest
+import yaml
 from gateway_load import Load, failures
-from helpers import REPO
-from lab_fleet import LabFleet, ok, running, shard_units
+from helpers import REPO, run_playbook
+from lab_fleet import LAB_INVENTORY, LabFleet, ok, running, shard_units
 from pve_vm_e2e import Lab
 
 NODES = {"dr-node0%d" % i: ("10.77.0.%d" % (184 + i), "ib-a") for i in range(1, 5)}
@@ -123,6 +125,17 @@ def test_maintenance_survives_a_powered_off_node_and_reconcile(fleet):
     ok(fleet.play("place_replica.yml", replica="extra", model="sim-solo"))
     assert node not in nodes_of(fleet, "extra")
     ok(fleet.play("place_replica.yml", replica="extra", state="absent"))
+
+    # converge over an inventory that declares the node: it is held as it is, not onboarded ready again
+    inventory = os.path.join(fleet.root, "declared.yml")
+    with open(inventory, "w") as handle:
+        yaml.safe_dump({"fleet": {"hosts": {node: {"fleet_address": NODES[node][0] + "/24", "fleet_fabric": "ib-a",
+                                                    "fleet_gpus": 2, "fleet_gpu_type": "sim"}}}}, handle)
+    run = ok(run_playbook(os.path.join(REPO, "playbooks", "converge.yml"), fleet.vars(fleet_replicas=REPLICAS),
+                          inventory=[LAB_INVENTORY, inventory], extra_args=["--limit", "%s,localhost" % node]))
+    (report,) = run.results("Report the nodes of this run")
+    assert any(line.split()[:2] == [node, "held"] for line in report["msg"]), report["msg"]
+    assert fleet.node(node)["state"] == "maintenance"
     lab.client.start_vm(lab.node, fleet.vmid(node), 120)
 
 

@@ -10,7 +10,7 @@ import pytest
 from ansible_collections.llmgw.fleet.plugins.module_utils import pve_vm_runner
 from ansible_collections.llmgw.fleet.plugins.module_utils.proxmox_client import ProxmoxClient
 from ansible_collections.llmgw.fleet.plugins.module_utils.proxmox_errors import ConfigChanged, NotFound, TaskFailed
-from ansible_collections.llmgw.fleet.plugins.module_utils.pve_vm_runner import Refusal, VMRequest, run_vm, vm_info
+from ansible_collections.llmgw.fleet.plugins.module_utils.pve_vm_runner import VMRefused, VMRequest, run_vm, vm_info
 from ansible_collections.llmgw.fleet.plugins.module_utils.vm_plan import PlanError, encode_sshkeys
 from ansible_collections.llmgw.fleet.tests.unit.plugins.module_utils.fake_pve_api import (
     NODE,
@@ -66,7 +66,7 @@ def fleet_vm(cluster, name, octet, status="stopped", **config):
     return cluster.add_vm(vmid, name, config=conf, status=status)
 
 
-def refused(cluster, req, fragments, error=Refusal, nothing_changed=True):
+def refused(cluster, req, fragments, error=VMRefused, nothing_changed=True):
     """Run ``req`` in check mode and for real: both raise ``error`` with every fragment, before any write."""
     before = cluster.snapshot()
     message = None
