@@ -69,7 +69,7 @@ def systemd_quote(word: str) -> str:
     return '"%s"' % re.sub(r"[\x00-\x1f\x7f]", lambda m: "\\x%02x" % ord(m.group()), word)
 
 
-def plan(replica: Mapping, model_path: Optional[str] = None, engine_dir: str = "",
+def plan_units(replica: Mapping, model_path: Optional[str] = None, engine_dir: str = "",
          sim_engine: str = launcher.SIM_ENGINE, python: str = "/usr/bin/python3", port: Optional[int] = None) -> dict:
     """The units of a placed replica, and where its leader answers.
 

@@ -147,7 +147,7 @@ def main():
             changed = port != replica["port"]
             if changed:
                 replica = registry.put_replica(params["name"], port=port)[1]
-            plan = replica_plan.plan(replica, model_path=params["model_path"], engine_dir=params["engine_dir"],
+            plan = replica_plan.plan_units(replica, model_path=params["model_path"], engine_dir=params["engine_dir"],
                                      sim_engine=params["sim_engine"], python=params["python"], port=port)
         return changed, plan, replica
 

@@ -14,7 +14,7 @@ def replica(name="coder-a", engine="sim", shards=2, gpus=4, port=None, nodes=("n
 
 
 def test_sim_units_carry_port_leader_and_shard_count_and_start_workers_first():
-    plan = replica_plan.plan(replica(nodes=("node01", "node02", "node03"), shards=3))
+    plan = replica_plan.plan_units(replica(nodes=("node01", "node02", "node03"), shards=3))
     assert plan["start_order"] == [1, 2, 0]
     assert [u["unit"] for u in plan["units"]] == ["llmgw-shard-coder-a-%d.service" % r for r in range(3)]
     for unit in plan["units"]:
@@ -30,7 +30,7 @@ def test_sim_units_carry_port_leader_and_shard_count_and_start_workers_first():
 
 
 def test_llama_cpp_rank0_gets_the_model_and_rpc_to_the_workers_on_the_next_port():
-    plan = replica_plan.plan(replica(engine="llama_cpp", gpus=0, port=8082), model_path="/m/tiny.gguf",
+    plan = replica_plan.plan_units(replica(engine="llama_cpp", gpus=0, port=8082), model_path="/m/tiny.gguf",
                              engine_dir="/opt/e")
     leader, worker = plan["units"]
     assert leader["argv"][0] == "/opt/e/llama-server" and "--rpc 10.77.0.132:8083" in leader["command"]
@@ -44,16 +44,16 @@ def test_the_leaders_node_engine_args_reach_llama_server_only():
     record = replica(engine="llama_cpp", gpus=0)
     record["shards"][0]["engine_args"] = ["--no-repack"]
     record["shards"][1]["engine_args"] = ["--no-repack"]
-    leader, worker = replica_plan.plan(record, model_path="/m/tiny.gguf")["units"]
+    leader, worker = replica_plan.plan_units(record, model_path="/m/tiny.gguf")["units"]
     assert leader["argv"][-1] == "--no-repack" and "--no-repack" in leader["exec_start"]
     assert "--no-repack" not in worker["argv"]  # ggml-rpc-server has no such flag
     single = replica(engine="llama_cpp", gpus=0, shards=1, nodes=("node03",))
-    assert "--no-repack" not in replica_plan.plan(single, model_path="/m/tiny.gguf")["units"][0]["argv"]
+    assert "--no-repack" not in replica_plan.plan_units(single, model_path="/m/tiny.gguf")["units"][0]["argv"]
 
 
 def test_vllm_and_sglang_load_the_model_on_every_rank():
     for engine in ("vllm", "sglang"):
-        plan = replica_plan.plan(replica(engine=engine), model_path="/m/model")
+        plan = replica_plan.plan_units(replica(engine=engine), model_path="/m/model")
         assert [u["needs_model"] for u in plan["units"]] == [True, True]
         assert [u["serves_api"] for u in plan["units"]] == [True, False]
 
@@ -62,11 +62,11 @@ def test_a_replica_short_of_shards_or_badly_named_is_refused():
     short = replica()
     short["shards"] = short["shards"][:1]
     with pytest.raises(replica_plan.ReplicaPlanError, match="holds 1 of its 2 shards"):
-        replica_plan.plan(short)
+        replica_plan.plan_units(short)
     with pytest.raises(replica_plan.ReplicaPlanError, match="lower case"):
-        replica_plan.plan(replica(name="Coder_A"))
+        replica_plan.plan_units(replica(name="Coder_A"))
     with pytest.raises(replica_plan.ReplicaPlanError, match="unknown engine"):
-        replica_plan.plan(replica(engine="tgi"))
+        replica_plan.plan_units(replica(engine="tgi"))
 
 
 def test_a_port_held_on_a_shared_node_moves_to_the_next_free_pair():
@@ -87,7 +87,7 @@ def test_systemd_quoting_escapes_specifiers_and_spaces():
 
 def test_a_value_with_a_line_break_cannot_add_a_directive_to_the_unit():
     injected = "m\n[Service]\nExecStartPre=/bin/rm -rf /\nUser=root"
-    plan = replica_plan.plan(replica(model=injected, nodes=("node01",), shards=1))
+    plan = replica_plan.plan_units(replica(model=injected, nodes=("node01",), shards=1))
     text = plan["units"][0]["unit_text"]
     directives = [line.split("=", 1)[0] for line in text.splitlines() if "=" in line and not line.startswith(" ")]
     assert "ExecStartPre" not in directives and directives.count("ExecStart") == 1
