@@ -53,7 +53,8 @@ def nodes_of(fleet, name):
 
 
 def loads(fleet):
-    return [Load(fleet.gateway_port, fleet.gateway_key, model, clients=2, total=2000, max_seconds=300, pause=0.02)
+    """Two clients per model, until the test ends them (bounded at 20000 requests or 300 s all the same)."""
+    return [Load(fleet.gateway_port, fleet.gateway_key, model, clients=2, total=20000, max_seconds=300, pause=0.02)
             for model in ("sim-pair", "sim-solo")]
 
 
