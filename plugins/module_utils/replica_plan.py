@@ -70,7 +70,8 @@ def systemd_quote(word: str) -> str:
 
 
 def plan_units(replica: Mapping, model_path: Optional[str] = None, engine_dir: str = "",
-         sim_engine: str = launcher.SIM_ENGINE, python: str = "/usr/bin/python3", port: Optional[int] = None) -> dict:
+               sim_engine: str = launcher.SIM_ENGINE, python: str = "/usr/bin/python3",
+               port: Optional[int] = None) -> dict:
     """The units of a placed replica, and where its leader answers.
 
     ``model_path`` is where the model file lies on the nodes that need it (None: the model's name is passed,

@@ -148,7 +148,7 @@ def main():
             if changed:
                 replica = registry.put_replica(params["name"], port=port)[1]
             plan = replica_plan.plan_units(replica, model_path=params["model_path"], engine_dir=params["engine_dir"],
-                                     sim_engine=params["sim_engine"], python=params["python"], port=port)
+                                           sim_engine=params["sim_engine"], python=params["python"], port=port)
         return changed, plan, replica
 
     path, (changed, plan, replica) = _fleet_module.run(

@@ -31,7 +31,7 @@ def test_sim_units_carry_port_leader_and_shard_count_and_start_workers_first():
 
 def test_llama_cpp_rank0_gets_the_model_and_rpc_to_the_workers_on_the_next_port():
     plan = replica_plan.plan_units(replica(engine="llama_cpp", gpus=0, port=8082), model_path="/m/tiny.gguf",
-                             engine_dir="/opt/e")
+                                   engine_dir="/opt/e")
     leader, worker = plan["units"]
     assert leader["argv"][0] == "/opt/e/llama-server" and "--rpc 10.77.0.132:8083" in leader["command"]
     assert "--n-gpu-layers 99" in leader["command"]
