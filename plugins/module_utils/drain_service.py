@@ -113,6 +113,7 @@ def drain(registry: fleet_registry.FleetRegistry, node: str, allow_downtime: boo
             registry.put_node(node, state="draining", reasons=[reason or "draining: its replicas move elsewhere"])
             out.update(state="draining", changed=True)
         for move in out["moves"]:
+            # Emptied first: a downtime move's shard placed as before would otherwise keep its "active" state.
             registry.set_shards(move["replica"], [])
             registry.set_shards(move["replica"], move["to"])
             registry.put_replica(move["replica"], state="placing", reasons=[
@@ -128,5 +129,6 @@ def _old(replica: Mapping, shard: Mapping) -> Dict[str, object]:
 
 
 def leaders(moves: Sequence[Mapping]) -> List[dict]:
-    """The old leader of each move: where the requests in flight are waited out before its shards stop."""
-    return [dict(s, replica=m["replica"]) for m in moves for s in m["from"] if s["rank"] == 0]
+    """The old leader of each live move: where the requests in flight are waited out before its shards stop (a
+    downtime move is drained at the gateway instead, before it stops)."""
+    return [dict(s, replica=m["replica"]) for m in moves if m["mode"] == "live" for s in m["from"] if s["rank"] == 0]

@@ -84,8 +84,8 @@ moves:
       to: [{rank: 0, node: node05, gpus: [0]}]
       from: [{rank: 0, node: node03, address: 10.77.0.13, unit: llmgw-shard-coder-a-0.service, port: 8080}]
 old_leaders:
-  description: The old leader of each move, C({replica, rank, node, address, unit, port}), where requests in flight
-    are waited out before the old shards stop.
+  description: The old leader of each C(live) move, C({replica, rank, node, address, unit, port}), where requests in
+    flight are waited out before the old shards stop.
   returned: always
   type: list
   elements: dict

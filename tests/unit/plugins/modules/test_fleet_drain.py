@@ -72,4 +72,5 @@ def test_no_room_fails_naming_the_replica_and_writes_nothing(tmp_path):
     assert after["nodes"] == before["nodes"] and after["replicas"] == before["replicas"]
     moved = drain(db, tmp_path, node="node01", allow_downtime=True)
     assert moved["changed"] and moved["moves"][0]["mode"] == "downtime"
+    assert moved["old_leaders"] == [], "a downtime move is drained at the gateway, not waited out on its leader"
     assert sorted(s["node"] for s in moved["moves"][0]["to"]) == ["node02", "node03"]
