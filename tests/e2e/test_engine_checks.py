@@ -150,9 +150,18 @@ def test_the_predicted_ranking_is_the_engines_variant_by_variant(engine, tmp_pat
         predicted = gcv.predict(flags, shipped)["variant"]
         engine_dir = copy_engine(engine, tmp_path / ("peel-%d" % len(shipped)),
                                  drop=["libggml-cpu-%s.so" % v for v in engine["variants"] if v not in shipped])
-        done = subprocess.run([os.path.join(engine_dir, "llama-server"), "--verbose", "--list-devices"],
-                              capture_output=True, text=True, cwd="/", check=False)
-        seen.append((predicted, gcv.loaded_variant(done.stdout + done.stderr)[0]))
+        # One clean-clone CI run once got no load_backend line at all from one step (its exit status and output
+        # were not kept): a step that names no variant is run again, up to three times, and reported in full.
+        tries = []
+        while len(tries) < 3 and (not tries or tries[-1][0] is None):
+            done = subprocess.run([os.path.join(engine_dir, "llama-server"), "--verbose", "--list-devices"],
+                                  capture_output=True, text=True, cwd="/", check=False, timeout=60)
+            tries.append((gcv.loaded_variant(done.stdout + done.stderr)[0], done.returncode,
+                          (done.stdout + done.stderr)[-1500:]))
+        assert tries[-1][0] is not None, ("no CPU backend named with %s shipped" % shipped, tries)
+        if len(tries) > 1:
+            print("with %s shipped, %d runs named no backend before one did: %r" % (shipped, len(tries) - 1, tries))
+        seen.append((predicted, tries[-1][0]))
         shipped.remove(predicted)
     assert [loaded for _predicted, loaded in seen] == [predicted for predicted, _loaded in seen]
     assert seen[-1] == ("x64", "x64")

@@ -399,6 +399,59 @@ def test_reload_by_usr2_under_a_stream_drops_nothing_and_follows_the_registry(ga
     assert [e for _t, e in events][-1] == "[DONE]" and len(events) == 13, events
 
 
+def test_reloads_under_load_never_answer_503_while_every_server_is_up(gateway):
+    """Forty reloads (USR2) 0.25 s apart under two clients, each request on a new connection: every answer is a 200.
+    A frontend rule on nbsrv() answered about one request in four reloads with a 503 here (HAProxy 2.6)."""
+    port, outcomes, stop = gateway["port"], [], threading.Event()
+    ask = {"model": "sim-coder", "prompt": "x", "max_tokens": 1}
+
+    def client():
+        while not stop.is_set():
+            try:
+                status, _headers, body = request(port, "POST", "/v1/completions", ask)
+                outcomes.append((status, None if status == 200 else body))
+            except (OSError, http.client.HTTPException, ValueError) as exc:
+                outcomes.append((None, repr(exc)))
+
+    threads = [threading.Thread(target=client) for _i in range(2)]
+    for thread in threads:
+        thread.start()
+    try:
+        for _i in range(40):
+            time.sleep(0.25)
+            gateway["master"].send_signal(signal.SIGUSR2)
+        time.sleep(0.5)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(30)
+    failed = [o for o in outcomes if o[0] != 200]
+    assert len(outcomes) > 200 and not failed, (len(outcomes), failed[:5])
+
+
+def test_a_model_with_no_server_passing_its_check_gets_a_fast_503(gateway):
+    """Both of chat's servers failing /health: HAProxy's own 503, in the API's shape, with Retry-After, at once."""
+    port, sock, backends = gateway["port"], gateway["settings"]["stats_socket"], gateway["backends"]
+    try:
+        for name in ("chat-a", "chat-b"):
+            backends[name].healthy = False
+        wait_for(lambda: {gateway_server_states(sock).get(("model_chat", s)) for s in ("chat-a", "chat-b")} == {
+            "DOWN"}, 20, "chat-a and chat-b DOWN by their health checks")
+        before = backends["chat-a"].requests + backends["chat-b"].requests
+        started = time.monotonic()
+        status, headers, body = request(port, "POST", "/v1/chat/completions", {"model": "chat", "messages": []})
+        assert time.monotonic() - started < 1.0
+        assert status == 503 and headers["retry-after"] == "7" and headers["content-type"] == "application/json"
+        assert body["error"] == {"code": "model_not_ready", "param": "model", "type": "server_error",
+                                 "message": "The model chat has no replica passing its health check now; "
+                                            "retry later"}
+        assert backends["chat-a"].requests + backends["chat-b"].requests == before
+    finally:
+        for name in ("chat-a", "chat-b"):
+            backends[name].healthy = True
+    wait_for(lambda: gateway_server_states(sock).get(("model_chat", "chat-a")) == "UP", 20, "chat-a UP again")
+
+
 def test_reload_with_sf_under_a_stream_drops_nothing(gateway, tmp_path):
     """The old-style reload: a new process takes the port and tells the old one (-sf) to finish its streams."""
     api_port, metrics_port = free_ports(2)
