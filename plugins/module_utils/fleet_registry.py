@@ -13,9 +13,11 @@ database level too.
 
 Storage only: schema, migrations, queries, transactions and typed errors; it knows nothing of the solver. The
 parts: :mod:`_registry_rows` (states, fields, errors, row <-> dict), :mod:`_registry_nodes` and
-:mod:`_registry_replicas` (the queries and checked writes); this module is the one callers import.
+:mod:`_registry_replicas` (the queries and checked writes), :mod:`_registry_schema` (the schema, :data:`MIGRATIONS`
+and the migration procedure); this module is the one callers import, and re-exports their public names.
 
-The schema is versioned (``schema_version``); :data:`MIGRATIONS` upgrade an older file when it is opened.
+The schema is versioned (``schema_version``); :data:`MIGRATIONS` upgrade an older file when it is opened, after a
+backup of it beside itself.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
-from typing import Dict, Iterator, Mapping, Optional, Tuple
+from typing import Dict, Iterator, Mapping, Optional
 
 from ansible_collections.llmgw.fleet.plugins.module_utils._registry_nodes import NodeStore
 from ansible_collections.llmgw.fleet.plugins.module_utils._registry_replicas import ReplicaStore
@@ -42,6 +44,11 @@ from ansible_collections.llmgw.fleet.plugins.module_utils._registry_rows import 
     not_a_registry,
     utc_now,
 )
+from ansible_collections.llmgw.fleet.plugins.module_utils._registry_schema import (
+    LATEST_VERSION,
+    MIGRATIONS,
+    SchemaStore,
+)
 
 __all__ = ["DEFAULT_BUSY_TIMEOUT", "ENV_VAR", "LATEST_VERSION", "MIGRATIONS", "NODE_FIELDS", "NODE_STATES",
            "REPLICA_FIELDS", "REPLICA_STATES", "SHARD_STATES", "FleetRegistry", "RegistryConflict", "RegistryCorrupt",
@@ -50,127 +57,6 @@ __all__ = ["DEFAULT_BUSY_TIMEOUT", "ENV_VAR", "LATEST_VERSION", "MIGRATIONS", "N
 
 ENV_VAR = "LLMGW_FLEET_DB"
 DEFAULT_BUSY_TIMEOUT = 30.0
-
-MIGRATIONS: Tuple[Tuple[int, str, Tuple[str, ...]], ...] = (
-    (1, "nodes, replicas, shards, shard GPUs and events", (
-        """CREATE TABLE nodes (
-            name TEXT PRIMARY KEY,
-            address TEXT,
-            vmid INTEGER CHECK (vmid IS NULL OR vmid > 0),
-            proxmox_node TEXT,
-            fabric TEXT NOT NULL CHECK (fabric <> ''),
-            gpu_count INTEGER NOT NULL DEFAULT 0 CHECK (gpu_count >= 0),
-            gpu_type TEXT,
-            cpu_variant TEXT,
-            engine_version TEXT,
-            cert_fingerprint TEXT,
-            state TEXT NOT NULL DEFAULT 'pending' CHECK (state IN ('pending', 'ready', 'draining', 'lost')),
-            reasons TEXT NOT NULL DEFAULT '[]',
-            last_seen TEXT,
-            created_at TEXT NOT NULL,
-            updated_at TEXT NOT NULL
-        )""",
-        """CREATE TABLE replicas (
-            name TEXT PRIMARY KEY,
-            model TEXT NOT NULL,
-            engine TEXT NOT NULL,
-            shard_count INTEGER NOT NULL CHECK (shard_count >= 1),
-            gpus_per_shard INTEGER NOT NULL CHECK (gpus_per_shard >= 0),
-            fabric TEXT,
-            gpu_type TEXT,
-            avoid_nodes TEXT NOT NULL DEFAULT '[]',
-            port INTEGER CHECK (port IS NULL OR port BETWEEN 1 AND 65535),
-            options TEXT NOT NULL DEFAULT '{}',
-            state TEXT NOT NULL DEFAULT 'placing' CHECK (state IN ('placing', 'starting', 'ready', 'failed')),
-            reasons TEXT NOT NULL DEFAULT '[]',
-            created_at TEXT NOT NULL,
-            updated_at TEXT NOT NULL
-        )""",
-        """CREATE TABLE shards (
-            replica TEXT NOT NULL REFERENCES replicas (name) ON DELETE CASCADE,
-            rank INTEGER NOT NULL CHECK (rank >= 0),
-            node TEXT NOT NULL REFERENCES nodes (name),
-            state TEXT NOT NULL DEFAULT 'pending' CHECK (state IN ('pending', 'starting', 'active', 'failed')),
-            reasons TEXT NOT NULL DEFAULT '[]',
-            PRIMARY KEY (replica, rank),
-            UNIQUE (replica, node),
-            UNIQUE (replica, rank, node)
-        )""",
-        "CREATE INDEX shards_by_node ON shards (node)",
-        # One row per GPU a shard holds; the primary key is "no GPU given twice".
-        """CREATE TABLE shard_gpus (
-            node TEXT NOT NULL,
-            gpu INTEGER NOT NULL CHECK (gpu >= 0),
-            replica TEXT NOT NULL,
-            rank INTEGER NOT NULL,
-            PRIMARY KEY (node, gpu),
-            FOREIGN KEY (replica, rank, node) REFERENCES shards (replica, rank, node) ON DELETE CASCADE
-        )""",
-        """CREATE TRIGGER shard_gpus_exist BEFORE INSERT ON shard_gpus
-            WHEN NEW.gpu >= (SELECT gpu_count FROM nodes WHERE name = NEW.node)
-            BEGIN SELECT RAISE(ABORT, 'GPU index beyond the node''s GPU count'); END""",
-        """CREATE TRIGGER nodes_keep_held_gpus BEFORE UPDATE OF gpu_count ON nodes
-            WHEN EXISTS (SELECT 1 FROM shard_gpus WHERE node = NEW.name AND gpu >= NEW.gpu_count)
-            BEGIN SELECT RAISE(ABORT, 'a shard holds a GPU beyond the new GPU count'); END""",
-        """CREATE TABLE events (
-            id INTEGER PRIMARY KEY AUTOINCREMENT,
-            at TEXT NOT NULL,
-            kind TEXT NOT NULL CHECK (kind IN ('node', 'replica')),
-            subject TEXT NOT NULL,
-            event TEXT NOT NULL,
-            detail TEXT NOT NULL DEFAULT ''
-        )""",
-        "CREATE INDEX events_by_subject ON events (kind, subject, id)",
-    )),
-    # Arguments every llama-server on the node gets, found at onboarding (--no-repack where AMX faults).
-    (2, "nodes.engine_args", (
-        "ALTER TABLE nodes ADD COLUMN engine_args TEXT NOT NULL DEFAULT '[]'",
-    )),
-    # The speed probe's numbers: llama-bench with the picked CPU backend and with the scalar x64 one, their ratios,
-    # the variant and threads ({} until measured).
-    (3, "nodes.speed", (
-        "ALTER TABLE nodes ADD COLUMN speed TEXT NOT NULL DEFAULT '{}'",
-    )),
-    # A node drained empty for maintenance (drain_node): a new allowed state. SQLite cannot change a CHECK in place,
-    # so the table is rebuilt (https://www.sqlite.org/lang_altertable.html, "other kinds of table schema changes");
-    # _migrate runs migrations with foreign keys off and checks them before it commits.
-    (4, "nodes.state maintenance", (
-        "DROP TRIGGER shard_gpus_exist",
-        "DROP TRIGGER nodes_keep_held_gpus",
-        """CREATE TABLE nodes_new (
-            name TEXT PRIMARY KEY,
-            address TEXT,
-            vmid INTEGER CHECK (vmid IS NULL OR vmid > 0),
-            proxmox_node TEXT,
-            fabric TEXT NOT NULL CHECK (fabric <> ''),
-            gpu_count INTEGER NOT NULL DEFAULT 0 CHECK (gpu_count >= 0),
-            gpu_type TEXT,
-            cpu_variant TEXT,
-            engine_version TEXT,
-            cert_fingerprint TEXT,
-            state TEXT NOT NULL DEFAULT 'pending'
-                CHECK (state IN ('pending', 'ready', 'draining', 'maintenance', 'lost')),
-            reasons TEXT NOT NULL DEFAULT '[]',
-            last_seen TEXT,
-            created_at TEXT NOT NULL,
-            updated_at TEXT NOT NULL,
-            engine_args TEXT NOT NULL DEFAULT '[]',
-            speed TEXT NOT NULL DEFAULT '{}'
-        )""",
-        "INSERT INTO nodes_new SELECT name, address, vmid, proxmox_node, fabric, gpu_count, gpu_type, cpu_variant, "
-        "engine_version, cert_fingerprint, state, reasons, last_seen, created_at, updated_at, engine_args, speed "
-        "FROM nodes",
-        "DROP TABLE nodes",
-        "ALTER TABLE nodes_new RENAME TO nodes",
-        """CREATE TRIGGER shard_gpus_exist BEFORE INSERT ON shard_gpus
-            WHEN NEW.gpu >= (SELECT gpu_count FROM nodes WHERE name = NEW.node)
-            BEGIN SELECT RAISE(ABORT, 'GPU index beyond the node''s GPU count'); END""",
-        """CREATE TRIGGER nodes_keep_held_gpus BEFORE UPDATE OF gpu_count ON nodes
-            WHEN EXISTS (SELECT 1 FROM shard_gpus WHERE node = NEW.name AND gpu >= NEW.gpu_count)
-            BEGIN SELECT RAISE(ABORT, 'a shard holds a GPU beyond the new GPU count'); END""",
-    )),
-)
-LATEST_VERSION = MIGRATIONS[-1][0]
 
 
 def default_path(environ: Optional[Mapping[str, str]] = None) -> str:
@@ -208,9 +94,10 @@ def _connect(target: str, busy_timeout: float) -> sqlite3.Connection:
     return conn
 
 
-class FleetRegistry(NodeStore, ReplicaStore):
+class FleetRegistry(NodeStore, ReplicaStore, SchemaStore):
     """One connection to the registry. Use as a context manager, or call :meth:`close`. Its nodes' and
-    replicas' queries and writes are in :class:`NodeStore` and :class:`ReplicaStore`."""
+    replicas' queries and writes are in :class:`NodeStore` and :class:`ReplicaStore`, its schema version and
+    migrations in :class:`SchemaStore`."""
 
     def __init__(self, path: Optional[str] = None, busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
                  create: bool = True, _conn: Optional[sqlite3.Connection] = None):
@@ -233,7 +120,8 @@ class FleetRegistry(NodeStore, ReplicaStore):
                 self._conn.close()
                 raise not_a_registry(self.path, exc) from exc
         try:
-            self._migrate()
+            # This module's names, read at each open (a test pins an older schema by patching them here).
+            self._migrate(MIGRATIONS, LATEST_VERSION)
         except sqlite3.DatabaseError as exc:
             self._conn.close()
             raise not_a_registry(self.path, exc) from exc
@@ -265,51 +153,7 @@ class FleetRegistry(NodeStore, ReplicaStore):
     def __exit__(self, *exc) -> None:
         self.close()
 
-    # -- schema -------------------------------------------------------------------------------------------
-
-    def schema_version(self) -> int:
-        exists = self._conn.execute(
-            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'schema_version'").fetchone()
-        if not exists:
-            return 0
-        return self._conn.execute("SELECT COALESCE(MAX(version), 0) FROM schema_version").fetchone()[0]
-
-    def _migrate(self) -> None:
-        current = self.schema_version()
-        if current == LATEST_VERSION:
-            return
-        if 0 < current < LATEST_VERSION and self.path != ":memory:" and os.path.isfile(self.path):
-            self.backup(self.path + ".schema-v%d.bak" % current, replace=False)
-        # A migration may rebuild a table others refer to; foreign keys cannot be switched inside a transaction.
-        self._conn.execute("PRAGMA foreign_keys = OFF")
-        try:
-            self._migrate_all()
-        finally:
-            self._conn.execute("PRAGMA foreign_keys = ON")
-
-    def _migrate_all(self) -> None:
-        with self.transaction():
-            current = self.schema_version()  # again, now that we hold the write lock
-            if current > LATEST_VERSION:
-                raise RegistrySchemaError(
-                    "%s has schema version %d; this collection knows up to %d: upgrade the collection"
-                    % (self.path, current, LATEST_VERSION))
-            self._conn.execute(
-                "CREATE TABLE IF NOT EXISTS schema_version ("
-                "version INTEGER PRIMARY KEY, description TEXT NOT NULL, applied_at TEXT NOT NULL)")
-            for version, description, statements in MIGRATIONS:
-                if version <= current:
-                    continue
-                try:
-                    for statement in statements:
-                        self._conn.execute(statement)
-                except sqlite3.Error as exc:
-                    raise RegistrySchemaError("migration %d (%s) failed: %s" % (version, description, exc))
-                self._conn.execute("INSERT INTO schema_version VALUES (?, ?, ?)", (version, description, utc_now()))
-            broken = self._conn.execute("PRAGMA foreign_key_check").fetchall()
-            if broken:
-                raise RegistrySchemaError("migration to version %d left %d rows whose references do not hold "
-                                          "(first: %s)" % (LATEST_VERSION, len(broken), tuple(broken[0])))
+    # -- backups ------------------------------------------------------------------------------------------
 
     def backup(self, target: str, replace: bool = True) -> str:
         """A consistent copy of the registry at ``target`` (SQLite's online backup: writers may go on), mode 0600.

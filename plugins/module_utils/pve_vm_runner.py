@@ -1,43 +1,37 @@
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 """What ``llmgw.fleet.pve_vm`` does, between the module (parameters, messages) and the client (HTTP).
 
-Every refusal is decided from reads only, before the first write, so a refused run changes nothing. Every
-difference found or made goes through one DifferenceTracker, which decides ``changed`` and the diff; in check
-mode the same path runs with the writes left out.
+Every refusal is decided from reads only, before the first write, so a refused run changes nothing (the checks
+are in :mod:`_vm_runner_checks`, private to this module, which re-exports :class:`VMRefused`). Every difference
+found or made goes through one DifferenceTracker, which decides ``changed`` and the diff; in check mode the same
+path runs with the writes left out.
 """
 
 from __future__ import annotations
 
 from ansible_collections.llmgw.fleet.plugins.module_utils import vm_fields
-from ansible_collections.llmgw.fleet.plugins.module_utils.proxmox_client import match_vms
-from ansible_collections.llmgw.fleet.plugins.module_utils.proxmox_errors import Locked, NotFound
+from ansible_collections.llmgw.fleet.plugins.module_utils._vm_runner_checks import VMChecks, VMRefused
+from ansible_collections.llmgw.fleet.plugins.module_utils.proxmox_errors import NotFound
 from ansible_collections.llmgw.fleet.plugins.module_utils.vm_plan import (
     DesiredVM,
     DifferenceTracker,
     PlanError,
     address_of,
-    check_cpu,
     cpu_model,
     decode_sshkeys,
-    derive_vmid,
     ipconfig0_for,
     memory_mib,
     next_id_clash,
     normalize_sshkeys,
-    parse_address,
     parse_ipconfig,
     plan_config,
     reboot_warning,
-    same_host_ip,
     slow_cpu_variant,
 )
 
+__all__ = ["STATES", "Outcome", "VMRefused", "VMRequest", "VMRunner", "describe_vm", "run_vm", "vm_info"]
+
 STATES = vm_fields.BY_NAME["state"].choices
-
-
-class VMRefused(Exception):
-    """The run stopped before changing anything, because going on could lose something. (Not the solver's
-    :class:`placement.Refusal`, which is an answer, not an error.)"""
 
 
 class VMRequest:
@@ -72,86 +66,15 @@ class Outcome:
         return {"before": before, "after": after}
 
 
-def _describe(guest):
-    return "%s %s (VMID %s on node %s%s)" % (
-        "container" if guest.get("type") == "lxc" else ("template" if guest.get("template") else "VM"),
-        repr(guest.get("name") or "") if guest.get("name") else "without a name",
-        guest.get("vmid"),
-        guest.get("node"),
-        ", locked: %s" % guest["lock"] if guest.get("lock") else "",
-    )
+class VMRunner(VMChecks):
+    """One run of pve_vm; its checks before the first write are in :class:`VMChecks`."""
 
-
-class VMRunner:
     def __init__(self, client, request, check_mode=False):
         self.client = client
         self.req = request
         self.check_mode = check_mode
         self.tracker = DifferenceTracker()
         self.warnings = []
-
-    # ------------------------------------------------------------------------------------------- identity
-
-    def _find(self, guests):
-        """The VM named ``name`` (or None) and the VMID the request asks for (or None); refusals."""
-        req = self.req
-        named = match_vms(guests, name=req.name)
-        if len(named) > 1:
-            raise VMRefused(
-                "name %r matches %d VMs: %s. Nothing was changed. Names must be unique in the fleet: rename or "
-                "remove all but one (and pass vmid to say which one this task manages)."
-                % (req.name, len(named), "; ".join(_describe(g) for g in sorted(named, key=lambda g: g["vmid"])))
-            )
-        vm = named[0] if named else None
-        wanted_vmid = derive_vmid(req.address, req.vmid_base, req.vmid) if req.manages_identity else None
-        if vm is not None and vm.get("template"):
-            raise VMRefused(
-                "name %r belongs to a template, %s; a fleet node cannot share its name. Nothing was changed."
-                % (req.name, _describe(vm))
-            )
-        if vm is not None and wanted_vmid is not None and vm["vmid"] != wanted_vmid:
-            how = (
-                "vmid %d" % wanted_vmid
-                if req.vmid is not None
-                else ("VMID %d, derived from address %s (vmid_base %s)" % (wanted_vmid, req.address, req.vmid_base))
-            )
-            raise VMRefused(
-                "name %r exists as %s, but this task asks for %s. Nothing was changed. If that VM is this node, "
-                "pass vmid: %d (or the address it was built with); if the node is being rebuilt at a new "
-                "address, remove the old VM first (state: absent)." % (req.name, _describe(vm), how, vm["vmid"])
-            )
-        return vm, wanted_vmid
-
-    def _refuse_taken_vmid(self, guests, vmid):
-        holders = [g for g in guests if g["vmid"] == vmid]
-        if holders:
-            raise VMRefused(
-                "VMID %d (for %r) is already used by %s. Nothing was changed. Both names: %r wanted, %r found. "
-                "Choose another address or vmid_base, pass an explicit vmid, or rename/remove the other guest if "
-                "it is a leftover."
-                % (vmid, self.req.name, _describe(holders[0]), self.req.name, holders[0].get("name") or "")
-            )
-
-    def _refuse_address_clash(self, guests, own_vmid):
-        """An address is one node's: refuse when another VM's ipconfig0 already has it (containers ignored)."""
-        if self.req.address is None:
-            return
-        owners = []
-        for guest in guests:
-            if guest.get("type") != "qemu" or guest.get("template") or guest["vmid"] == own_vmid:
-                continue
-            try:
-                config = self.client.vm_config(guest["node"], guest["vmid"])
-            except NotFound:
-                continue  # removed while we looked
-            if same_host_ip(address_of(config), self.req.address):
-                owners.append(guest)
-        if owners:
-            raise VMRefused(
-                "address %s is already used by %s (its ipconfig0). Nothing was changed. Give %r another address, "
-                "or remove the other VM if it is a leftover."
-                % (parse_address(self.req.address).ip, "; ".join(_describe(g) for g in owners), self.req.name)
-            )
 
     # ---------------------------------------------------------------------------------------------- pieces
 
@@ -161,46 +84,6 @@ class VMRunner:
         values = dict((f.name, getattr(req, f.name)) for f in vm_fields.DESIRED if f.option)
         values.update(vmid=vmid, ipconfig0=ipconfig0_for(req.address, req.gateway) if req.address else None)
         return DesiredVM(**values)
-
-    def _check_cpu(self):
-        if self.req.cpu is None:
-            return
-        warning = check_cpu(self.req.cpu, self.req.allow_slow_cpu)
-        if warning:
-            self.warnings.append(warning)
-
-    def _template(self, guests):
-        clone = str(self.req.clone)
-        if clone.isdigit():
-            matches = [g for g in guests if g.get("type") == "qemu" and g["vmid"] == int(clone)]
-        else:
-            matches = [g for g in guests if g.get("type") == "qemu" and g.get("name") == clone]
-        if not matches:
-            raise VMRefused("template %r to clone from does not exist. Nothing was changed." % clone)
-        if len(matches) > 1:
-            raise VMRefused(
-                "template name %r matches %d VMs: %s; pass its VMID as clone. Nothing was changed."
-                % (clone, len(matches), "; ".join(_describe(g) for g in matches))
-            )
-        if not matches[0].get("template"):
-            raise VMRefused(
-                "%s is not a template; fleet nodes are cloned from a template (convert it first). Nothing was "
-                "changed." % _describe(matches[0])
-            )
-        return matches[0]
-
-    def _target_node(self, template):
-        if self.req.node:
-            return self.req.node
-        if template is not None:
-            return template["node"]
-        nodes = self.client.nodes()
-        if len(nodes) == 1:
-            return nodes[0]
-        raise VMRefused(
-            "the cluster has %d nodes (%s); pass node (or PROXMOX_NODE) to say where %r goes. Nothing was "
-            "changed." % (len(nodes), ", ".join(nodes), self.req.name)
-        )
 
     def _result(self, vmid, node, status, config):
         return {
@@ -212,21 +95,6 @@ class VMRunner:
             "status": status,
         }
 
-    def _unlocked_config(self, vm):
-        config = self.client.vm_config(vm["node"], vm["vmid"])
-        if not config.get("lock"):
-            return config
-        try:
-            return self.client.wait_unlocked(vm["node"], vm["vmid"], self.req.timeout)
-        except Locked as exc:
-            raise VMRefused(
-                "VM %r (VMID %s on node %s) is still locked (%s) after %ss: %s. Nothing was changed. A 'clone' or "
-                "'create' lock that never clears is a VM half-made by an interrupted run: check the node's task "
-                "log; if no task is running for it, remove it (qm unlock %s && qm destroy %s --purge) and run "
-                "again."
-                % (self.req.name, vm["vmid"], vm["node"], exc.reason, self.req.timeout, exc, vm["vmid"], vm["vmid"])
-            )
-
     # ----------------------------------------------------------------------------------------------- run
 
     def run(self):
@@ -236,11 +104,7 @@ class VMRunner:
             return self._absent(vm)
         self._check_cpu()
         if vm is None:
-            if wanted_vmid is None:
-                raise VMRefused(
-                    "VM %r does not exist and neither address nor vmid is given, so its VMID is unknown. Nothing "
-                    "was changed." % self.req.name
-                )
+            self._refuse_unknown_vmid(wanted_vmid)
             self._refuse_taken_vmid(guests, wanted_vmid)
         self._refuse_address_clash(guests, vm["vmid"] if vm else wanted_vmid)
         if vm is None:

@@ -57,7 +57,7 @@ def _imports(filename):
 # -- storage knows nothing of the solver -------------------------------------------------------------------------
 
 @pytest.mark.parametrize("filename", ["fleet_registry.py", "_registry_rows.py", "_registry_nodes.py",
-                                      "_registry_replicas.py"])
+                                      "_registry_replicas.py", "_registry_schema.py"])
 def test_the_registry_is_storage_only(filename):
     assert not any("placement" in name or "fleet_service" in name for name in _imports(filename)), filename
     assert not hasattr(fleet_registry.FleetRegistry, "load_fleet")
