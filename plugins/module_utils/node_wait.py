@@ -5,17 +5,46 @@ It waits through a new VM's first boot (through the guest agent, then ssh; or ov
 node's host key in the fleet's known_hosts: an unknown key is learned, a known one must match, a changed one is
 refused. ssh and ssh-keyscan are run through an injected ``run_command``, time is read and spent through
 ``clock`` and ``sleep``, and the guest agent is reached through the Proxmox client, so that all of it can be
-driven without a network. Every way the wait can end badly is a typed error below (or a ``proxmox_errors`` one
-from finding the VM); only the module turns them into ``fail_json``.
+driven without a network. Every way the wait can end badly is a typed error (or a ``proxmox_errors`` one from
+finding the VM); only the module turns them into ``fail_json``.
+
+The parts, each private (this module is the one callers import, and re-exports their public names):
+:mod:`_node_wait_request` (the typed errors, the request, the ssh and ssh-keyscan command lines),
+:mod:`_node_wait_known_hosts` (the fleet's known_hosts file: read, predicted, recorded under a lock); the guest
+agent and the waiter are here.
 """
 
 from __future__ import annotations
 
-import fcntl
 import os
 import time
 
 from ansible_collections.llmgw.fleet.plugins.module_utils import first_boot, host_keys
+from ansible_collections.llmgw.fleet.plugins.module_utils._node_wait_known_hosts import (
+    known_before_wait,
+    predict,
+    read_text,
+    record_key,
+    write_text,
+)
+from ansible_collections.llmgw.fleet.plugins.module_utils._node_wait_request import (
+    HOST_KEY_SOURCES,
+    AgentRefused,
+    AgentUnavailable,
+    BadPinnedKey,
+    CloudInitFailed,
+    HostKeyRefused,
+    HostKeyUnreadable,
+    KnownHostsConflict,
+    NodeWaitError,
+    NotReady,
+    NotTheNode,
+    VMNotIdentified,
+    WaitFailed,
+    WaitRequest,
+    keyscan_argv,
+    ssh_argv,
+)
 from ansible_collections.llmgw.fleet.plugins.module_utils.proxmox_client import (
     HAS_PROXMOXER,
     ProxmoxClient,
@@ -31,171 +60,14 @@ from ansible_collections.llmgw.fleet.plugins.module_utils.proxmox_errors import 
 )
 from ansible_collections.llmgw.fleet.plugins.module_utils.vm_plan import agent_enabled
 
+__all__ = ["HOST_KEY_FILE", "HOST_KEY_SOURCES", "POLL_S", "AgentRefused", "AgentUnavailable", "BadPinnedKey",
+           "CloudInitFailed", "GuestAgent", "HostKeyRefused", "HostKeyUnreadable", "KnownHostsConflict",
+           "NodeWaitError", "NodeWaiter", "NotReady", "NotTheNode", "VMNotIdentified", "WaitFailed", "WaitRequest",
+           "keyscan_argv", "known_before_wait", "open_agent", "predict", "read_text", "record_key", "ssh_argv",
+           "vm_to_ask", "write_text"]
+
 HOST_KEY_FILE = "/etc/ssh/ssh_host_ed25519_key.pub"
 POLL_S = 2
-HOST_KEY_SOURCES = ("auto", "agent", "ssh")
-
-
-# ---------------------------------------------------------------------------------------------------- errors
-
-
-class NodeWaitError(Exception):
-    """Base of this module's errors. Raised before the wait began (a bad pinned key, a guest agent that cannot be
-    had): no timeline goes with them."""
-
-
-class BadPinnedKey(NodeWaitError):
-    """``pinned_host_key`` is not an OpenSSH public key."""
-
-
-class AgentUnavailable(NodeWaitError):
-    """``host_key_source=agent`` cannot be had: no proxmoxer, no connection options, no agent in the VM's config."""
-
-
-class VMNotIdentified(AgentUnavailable):
-    """No single VM of that name (or VMID) to ask through the guest agent, or the VMID names another VM."""
-
-
-class WaitFailed(NodeWaitError):
-    """The wait began and ended without a ready node; ``timeline`` holds the states seen until then."""
-
-    timeline = None
-
-
-class NotReady(WaitFailed):
-    """``timeout`` ran out; ``last`` is the state seen last (``state``, ``detail``)."""
-
-    def __init__(self, message, last):
-        super().__init__(message)
-        self.last = last
-
-
-class CloudInitFailed(WaitFailed):
-    """cloud-init finished with an error."""
-
-
-class AgentRefused(WaitFailed):
-    """The guest agent will not answer for good: PVE says it is not configured, or the token may not use it."""
-
-
-class HostKeyRefused(WaitFailed):
-    """The node offers a key other than the one the fleet knows for it."""
-
-    def __init__(self, message, known_fingerprint, offered_fingerprint):
-        super().__init__(message)
-        self.known_fingerprint = known_fingerprint
-        self.offered_fingerprint = offered_fingerprint
-
-
-class HostKeyUnreadable(WaitFailed):
-    """ssh-keyscan read no host key from the node."""
-
-
-class NotTheNode(WaitFailed):
-    """The final strict ssh connection failed, or the node's hostname is not its name."""
-
-
-class KnownHostsConflict(WaitFailed):
-    """Another run changed this node's entry in the fleet's known_hosts while this one waited."""
-
-
-# --------------------------------------------------------------------------------------------------- request
-
-
-class WaitRequest:
-    """The module's parameters, as the waiter needs them (``address`` without its prefix length)."""
-
-    def __init__(self, name, address, private_key_file, known_hosts_file, user="debian", host_key_source="auto",
-                 vmid=None, agent_wait=120, pinned_host_key=None, forget_known_key=False, timeout=300, port=22):
-        if host_key_source not in HOST_KEY_SOURCES:
-            raise ValueError("host_key_source %r is not one of %s" % (host_key_source, ", ".join(HOST_KEY_SOURCES)))
-        self.name = name
-        self.address = address.split("/")[0]
-        self.private_key_file = private_key_file
-        self.known_hosts_file = known_hosts_file
-        self.user = user
-        self.host_key_source = host_key_source
-        self.vmid = vmid
-        self.agent_wait = agent_wait
-        self.pinned_host_key = pinned_host_key
-        self.forget_known_key = forget_known_key
-        self.timeout = timeout
-        self.port = port
-
-
-def ssh_argv(request, known_hosts, strict, command):
-    """One ssh command to the node, its key filed under the node's name; never prompts."""
-    options = ["BatchMode=yes", "ConnectTimeout=5", "LogLevel=ERROR", "HostKeyAlias=" + request.name,
-               "UserKnownHostsFile=" + known_hosts,
-               "StrictHostKeyChecking=" + ("yes" if strict else "no")]
-    argv = ["ssh", "-p", str(request.port), "-i", request.private_key_file]
-    for option in options:
-        argv += ["-o", option]
-    return argv + ["{}@{}".format(request.user, request.address), command]
-
-
-def keyscan_argv(request):
-    return ["ssh-keyscan", "-T", "5", "-t", "ed25519", "-p", str(request.port), request.address]
-
-
-# ---------------------------------------------------------------------------------------------- known_hosts
-
-
-def read_text(path):
-    if not os.path.exists(path):
-        return ""
-    with open(path) as handle:
-        return handle.read()
-
-
-def known_before_wait(request):
-    """(the fleet's file as read, the entries the wait starts from: without this node's after forget_known_key)."""
-    original = read_text(request.known_hosts_file)
-    known = host_keys.remove_entries(original, request.name) if request.forget_known_key else original
-    return original, known
-
-
-def predict(request):
-    """Check mode: from the known_hosts file alone, whether a key would be learned."""
-    known = known_before_wait(request)[1]
-    # After forgetting, the key is learned again: the file changes unless the very same key comes back.
-    action = host_keys.KEEP if request.name in host_keys.parse_known_hosts(known) else host_keys.LEARN
-    return dict(changed=action == host_keys.LEARN, host_key_action=action, timeline=[])
-
-
-def write_text(path, text, atomic_move):
-    os.makedirs(os.path.dirname(os.path.abspath(path)), mode=0o700, exist_ok=True)
-    tmp = path + ".tmp"
-    with open(tmp, "w") as handle:
-        handle.write(text)
-    os.chmod(tmp, 0o600)
-    atomic_move(tmp, path)
-    os.chmod(path, 0o600)  # Ansible's atomic_move gives a new file the umask's mode (0644)
-
-
-def record_key(name, path, known_text, settled, atomic_move=os.replace):
-    """Write this node's settled entry into the fleet's file; True when the file changed.
-
-    Several nodes may be added at once, each run writing the same file: under an exclusive lock the file is read
-    again and only this node's lines are taken from ``settled``, so an entry another run wrote meanwhile is kept.
-    KnownHostsConflict when this node's own entry changed meanwhile."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), mode=0o700, exist_ok=True)
-    with open(path + ".lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        current = read_text(path)
-        if current != known_text:
-            if host_keys.parse_known_hosts(current).get(name) != host_keys.parse_known_hosts(known_text).get(name):
-                raise KnownHostsConflict("{}: its entry in {} was changed by another run while this one waited; run "
-                                         "again to settle it".format(name, path))
-            others = host_keys.remove_entries(current, name)
-            if others and not others.endswith("\n"):
-                others += "\n"
-            mine = [line for line in settled.splitlines(True) if line.split()[:1] == [name]]
-            settled = others + "".join(mine)
-        if settled == current:
-            return False
-        write_text(path, settled, atomic_move)
-        return True
 
 
 # --------------------------------------------------------------------------------------------- guest agent
