@@ -11,8 +11,10 @@ description:
   - Computes the placement of one or more replicas with the collection's solver (C(docs/placement.md)) against
     the fleet registry, or against a fleet passed in O(fleet). Changes nothing; record the answer with
     M(llmgw.fleet.fleet_replica).
-  - Each term is a replica request C({name, shards, gpus_per_shard}) with optional C(engine), C(model),
+  - Each term is a replica request C({name, shard_count, gpus_per_shard}) with optional C(engine), C(model),
     C(fabric) (only that fabric), C(avoid_nodes) and C(gpu_type).
+  - C(shards) is an alias of C(shard_count), kept for requests written before; a request that gives both with
+    different values is refused.
   - A replica the fleet already holds whole is returned where it is (action C(keep)), so a second run of a
     playbook asks for nothing new; one that lost a node is repaired, moved or failed (action C(repair),
     C(move), C(fail)); anything else is placed (action C(place)).
@@ -35,8 +37,9 @@ options:
   fleet:
     description:
       - A fleet to place on instead of the registry, C({nodes, replicas}) or a list of nodes.
-      - Nodes are C({name, fabric, gpus, state, gpu_type, free_gpus}) (C(gpu_count) for C(gpus) also works, so
-        the output of M(llmgw.fleet.fleet_info) can be passed as is); C(state) defaults to C(ready).
+      - Nodes are C({name, fabric, gpu_count, state, gpu_type, free_gpus}), so the output of
+        M(llmgw.fleet.fleet_info) can be passed as is; C(state) defaults to C(ready). C(gpus) is an alias of
+        C(gpu_count), kept for fleets written before; a node that gives both with different values is refused.
       - Replicas are C({name, shard_count, gpus_per_shard, shards}) with C(shards) a list of
         C({rank, node, gpus}).
     type: raw
@@ -58,22 +61,22 @@ options:
 EXAMPLES = r"""
 - name: Where would a two-node replica with four GPUs per shard go? (reads the registry)
   ansible.builtin.debug:
-    msg: "{{ lookup('llmgw.fleet.placement', {'name': 'coder-a', 'shards': 2, 'gpus_per_shard': 4}) }}"
+    msg: "{{ lookup('llmgw.fleet.placement', {'name': 'coder-a', 'shard_count': 2, 'gpus_per_shard': 4}) }}"
 
 - name: The same against a registry at another path, only on fabric ib-b, never on node04
   ansible.builtin.set_fact:
     coder_b: >-
       {{ lookup('llmgw.fleet.placement',
-                {'name': 'coder-b', 'shards': 2, 'gpus_per_shard': 4, 'fabric': 'ib-b', 'avoid_nodes': ['node04']},
+                {'name': 'coder-b', 'shard_count': 2, 'gpus_per_shard': 4, 'fabric': 'ib-b', 'avoid_nodes': ['node04']},
                 db='/srv/llmgw/fleet.db') }}
 
 - name: Against a fleet passed in (no registry needed); a refusal comes back instead of failing
   ansible.builtin.set_fact:
     answer: >-
-      {{ lookup('llmgw.fleet.placement', {'name': 'r1', 'shards': 2, 'gpus_per_shard': 8},
-                fleet={'nodes': [{'name': 'node01', 'fabric': 'ib-a', 'gpus': 8},
-                                 {'name': 'node02', 'fabric': 'ib-a', 'gpus': 8, 'free_gpus': 4},
-                                 {'name': 'node03', 'fabric': 'ib-b', 'gpus': 8, 'state': 'lost'}]},
+      {{ lookup('llmgw.fleet.placement', {'name': 'r1', 'shard_count': 2, 'gpus_per_shard': 8},
+                fleet={'nodes': [{'name': 'node01', 'fabric': 'ib-a', 'gpu_count': 8},
+                                 {'name': 'node02', 'fabric': 'ib-a', 'gpu_count': 8, 'free_gpus': 4},
+                                 {'name': 'node03', 'fabric': 'ib-b', 'gpu_count': 8, 'state': 'lost'}]},
                 on_refusal='return') }}
 
 - name: Record the placement the lookup computed
@@ -83,13 +86,14 @@ EXAMPLES = r"""
     engine: sim
     shards: 2
     gpus_per_shard: 4
-    assignment: "{{ lookup('llmgw.fleet.placement', {'name': 'coder-a', 'shards': 2, 'gpus_per_shard': 4}).shards }}"
+    assignment: >-
+      {{ lookup('llmgw.fleet.placement', {'name': 'coder-a', 'shard_count': 2, 'gpus_per_shard': 4}).shards }}
   delegate_to: localhost
 
 - name: Two replicas solved as one batch
   ansible.builtin.debug:
-    msg: "{{ query('llmgw.fleet.placement', {'name': 'a', 'shards': 2, 'gpus_per_shard': 4},
-                                             {'name': 'b', 'shards': 1, 'gpus_per_shard': 8}) }}"
+    msg: "{{ query('llmgw.fleet.placement', {'name': 'a', 'shard_count': 2, 'gpus_per_shard': 4},
+                                             {'name': 'b', 'shard_count': 1, 'gpus_per_shard': 8}) }}"
 """
 
 RETURN = r"""

@@ -27,20 +27,22 @@ _REQUEST_KEYS = {"name", "shards", "shard_count", "gpus_per_shard", "engine", "m
 
 
 def request_from_dict(data: Mapping) -> Request:
-    """A request from ``{name, shards, gpus_per_shard, engine, model, fabric, avoid_nodes, gpu_type}``."""
+    """A request from ``{name, shard_count, gpus_per_shard, engine, model, fabric, avoid_nodes, gpu_type}``
+    (``shards`` is an alias of ``shard_count``, kept for requests written before)."""
     if not isinstance(data, Mapping):
         raise InvalidRequest("a replica request is a dict, not %r" % (data,))
     unknown = set(data) - _REQUEST_KEYS
     if unknown:
         raise InvalidRequest("unknown request keys: %s (known: %s)"
                              % (", ".join(sorted(unknown)), ", ".join(sorted(_REQUEST_KEYS))))
-    shards = data.get("shards", data.get("shard_count"))
-    for key, value in (("name", data.get("name")), ("shards", shards), ("gpus_per_shard", data.get("gpus_per_shard"))):
+    shard_count = _with_alias(data, "shard_count", "shards", InvalidRequest, "replica request %r" % data.get("name"))
+    for key, value in (("name", data.get("name")), ("shard_count", shard_count),
+                       ("gpus_per_shard", data.get("gpus_per_shard"))):
         if value is None:
             raise InvalidRequest("a replica request needs %s" % key)
     try:
         request = Request(
-            name=str(data["name"]), shards=int(shards), gpus_per_shard=int(data["gpus_per_shard"]),
+            name=str(data["name"]), shard_count=int(shard_count), gpus_per_shard=int(data["gpus_per_shard"]),
             engine=data.get("engine"), model=data.get("model"), fabric=data.get("fabric") or None,
             avoid_nodes=frozenset(data.get("avoid_nodes") or ()), gpu_type=data.get("gpu_type") or None,
         )
@@ -50,10 +52,29 @@ def request_from_dict(data: Mapping) -> Request:
     return request
 
 
+def _with_alias(data: Mapping, name: str, alias: str, error: type, what: str):
+    """The value of ``name``, or of its alias ``alias`` when only that is given (None when neither is). Both
+    given with different values is an ``error`` naming both."""
+    value, aliased = data.get(name), data.get(alias)
+    if value is None:
+        return aliased
+    if aliased is not None and _as_count(aliased) != _as_count(value):
+        raise error("%s: %s %r and %s %r differ (%s is an alias of %s); give one"
+                    % (what, name, value, alias, aliased, alias, name))
+    return value
+
+
+def _as_count(value):
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return value
+
+
 def fleet_from_data(data) -> Fleet:
-    """A fleet from ``{nodes: [...], replicas: [...]}`` (or a list of nodes), in the registry's shape
-    (``gpu_count``, ``state``, replicas with ``shard_count`` and a ``shards`` list) or the short one (``gpus``;
-    a node's ``free_gpus`` reserves the rest of its GPUs that no listed replica holds)."""
+    """A fleet from ``{nodes: [...], replicas: [...]}`` (or a list of nodes), in the registry's shape: nodes with
+    ``gpu_count`` (``gpus`` is an alias of it), ``state`` and optionally ``free_gpus`` (which reserves the rest of
+    a node's GPUs that no listed replica holds), replicas with ``shard_count`` and a ``shards`` list."""
     if isinstance(data, Mapping):
         node_data, replica_data = data.get("nodes") or [], data.get("replicas") or []
     elif isinstance(data, Sequence) and not isinstance(data, str):
@@ -73,7 +94,8 @@ def fleet_from_data(data) -> Fleet:
 
 
 def _node_from_dict(data: Mapping, held: set) -> Node:
-    gpus = int(data.get("gpus", data.get("gpu_count", 0)))
+    given = "gpu_count" in data or "gpus" in data
+    gpus = int(_with_alias(data, "gpu_count", "gpus", InvalidFleet, "node %s" % data.get("name")) if given else 0)
     reserved: Tuple[int, ...] = tuple(int(g) for g in data.get("reserved", ()))
     if data.get("free_gpus") is not None:
         available = [g for g in range(gpus) if g not in held and g not in reserved]

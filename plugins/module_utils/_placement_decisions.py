@@ -108,7 +108,7 @@ def _refusal(space: Space, item: Item, fixes: Sequence[Mapping[str, object]], re
     capacity = report.capacity(space, item)
     if reason is None:
         reason = report.refusal_reason(space, item, capacity) + report.fixes_words(fixes)
-    needs = {"shards": item.shards, "gpus_per_shard": item.gpus, "gpus": item.shards * item.gpus}
+    needs = {"shards": item.shard_count, "gpus_per_shard": item.gpus, "gpus": item.shard_count * item.gpus}
     return Refusal(replica=item.name, action="fail" if item.repair else "refuse", reason=reason, needs=needs,
                    capacity=capacity, reaped_shards=reaped, fixes=tuple(fixes))
 
@@ -151,7 +151,7 @@ def verify(fleet: Fleet, decisions: Sequence[Decision], items: Mapping[str, Item
             if node is None or node.state != "ready":
                 raise InvariantViolation("%s rank %d given to %s, which is not ready"
                                          % (decision.replica, shard.rank, shard.node))
-        wanted = item.shards
+        wanted = item.shard_count
         ranks = [s.rank for s in decision.shards]
         if ranks != list(range(wanted)):
             raise InvariantViolation("%s has ranks %s, not 0..%d" % (decision.replica, ranks, wanted - 1))

@@ -143,7 +143,7 @@ class Fleet:
             if request is None:
                 raise InvalidRequest("replica %s is not in the fleet; pass its request" % decision.replica)
             current = Replica(
-                name=request.name, shard_count=request.shards, gpus_per_shard=request.gpus_per_shard,
+                name=request.name, shard_count=request.shard_count, gpus_per_shard=request.gpus_per_shard,
                 state="placing", engine=request.engine, model=request.model, fabric=request.fabric,
                 avoid_nodes=request.avoid_nodes, gpu_type=request.gpu_type,
             )

@@ -70,10 +70,10 @@ def _fabric_words(space, item, fabric: str, need: int, cap: Mapping[str, object]
 
 
 def needs_words(item) -> str:
-    if item.shards == 1:
+    if item.shard_count == 1:
         return "1 ready node with %d free GPUs" % item.gpus
     return "%d distinct ready nodes of one fabric with %d free GPUs each (%d shards x %d GPUs = %d GPUs)" % (
-        item.shards, item.gpus, item.shards, item.gpus, item.shards * item.gpus)
+        item.shard_count, item.gpus, item.shard_count, item.gpus, item.shard_count * item.gpus)
 
 
 def refusal_reason(space, item, cap: Mapping[str, Mapping[str, object]]) -> str:
@@ -100,7 +100,7 @@ def refusal_reason(space, item, cap: Mapping[str, Mapping[str, object]]) -> str:
         others = [f for f in sorted(cap) if f != item.own_fabric and (item.fabric is None or f == item.fabric)]
         if others:
             parts.append("no other fabric can hold all of it, %s: %s" % (
-                needs_words(item), _fabrics_words(space, item, others, item.shards, cap)))
+                needs_words(item), _fabrics_words(space, item, others, item.shard_count, cap)))
         else:
             parts.append("there is no other fabric it may move to")
         return "%s%s: %s" % (head, constrained, "; ".join(parts))
@@ -109,7 +109,7 @@ def refusal_reason(space, item, cap: Mapping[str, Mapping[str, object]]) -> str:
     if not fabrics:
         known = ", ".join(sorted(cap)) or "none"
         return "%s, and fabric %s has no nodes (fabrics: %s)" % (head, item.fabric, known)
-    return "%s; %s" % (head, _fabrics_words(space, item, fabrics, item.shards, cap))
+    return "%s; %s" % (head, _fabrics_words(space, item, fabrics, item.shard_count, cap))
 
 
 def crowded_out_reason(item, placed: int, total: int, by: Sequence[str] = ()) -> str:

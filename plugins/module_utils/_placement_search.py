@@ -21,7 +21,7 @@ def gain(item: Item, option: Option) -> Tuple[int, int, int]:
     if option.mode == "skip":
         return (0, 0, 0)
     if item.repair:
-        return (1, 0, -(len(item.missing) if option.mode == "repair" else item.shards))
+        return (1, 0, -(len(item.missing) if option.mode == "repair" else item.shard_count))
     return (0, 1, 0)
 
 
@@ -56,7 +56,8 @@ def smallest_first(items: Sequence[Item]) -> List[int]:
     """Repairs first (as given), then new replicas smallest first: the order that fits the most of them."""
     repairs = [i for i, item in enumerate(items) if item.repair]
     new = sorted((i for i, item in enumerate(items) if not item.repair),
-                 key=lambda i: (items[i].shards * items[i].gpus, items[i].shards, items[i].gpus, items[i].name))
+                 key=lambda i: (items[i].shard_count * items[i].gpus, items[i].shard_count, items[i].gpus,
+                                items[i].name))
     return repairs + new
 
 
@@ -91,7 +92,7 @@ class _Bound:
         self.suffix = [0] * (count + 1)
         self.fitting = [0] * (count + 1)
         for i in range(count - 1, self.first_new - 1, -1):
-            self.suffix[i] = self.suffix[i + 1] + (items[i].shards * items[i].gpus if feasible[i] else 0)
+            self.suffix[i] = self.suffix[i + 1] + (items[i].shard_count * items[i].gpus if feasible[i] else 0)
             self.fitting[i] = self.fitting[i + 1] + (1 if feasible[i] else 0)
         self.negated = [-s for s in self.suffix]  # non-decreasing, for bisect
         self.feasible = feasible
@@ -113,7 +114,7 @@ class _Bound:
         for j in range(i, self.first_new):
             item = self.items[j]
             if self.feasible[j]:
-                moved += item.shards if modes[j] == "move" else len(item.missing)
+                moved += item.shard_count if modes[j] == "move" else len(item.missing)
         return (partial[0] + self.repairs_from[i], partial[1] + self.fitting[k], partial[2] - moved)
 
 
@@ -123,7 +124,7 @@ def feasible(space: Space, items: Sequence[Item], stay: Sequence[int]) -> List[b
     released = [space.release(item) for item in items if item.repair]
     out, known = [], {}
     for item in items:
-        key = (item.shards, item.gpus, item.fabric, item.avoid, item.gpu_type, item.kept_nodes,
+        key = (item.shard_count, item.gpus, item.fabric, item.avoid, item.gpu_type, item.kept_nodes,
                item.own_fabric if item.kept else None, len(item.missing), item.repair)
         if key not in known:
             modes = (["repair"] if space.can_stay(item) else []) + ["move" if item.repair else "place"]

@@ -24,7 +24,7 @@ class Item:
     """
 
     name: str
-    shards: int
+    shard_count: int
     gpus: int
     fabric: Optional[str] = None
     avoid: FrozenSet[str] = frozenset()
@@ -178,7 +178,7 @@ class Space:
         return item.repair and bool(item.kept) and bool(self.fabrics_for(item, "repair"))
 
     def need(self, item: Item, mode: str) -> int:
-        return len(item.missing) if mode == "repair" else item.shards
+        return len(item.missing) if mode == "repair" else item.shard_count
 
     def mode(self, item: Item) -> str:
         """New replicas are placed; a repair stays on its own fabric when that fabric can hold all of it."""

@@ -54,7 +54,7 @@ class Request:
     """A replica to place. ``fabric``, ``avoid_nodes`` and ``gpu_type`` are optional constraints."""
 
     name: str
-    shards: int
+    shard_count: int
     gpus_per_shard: int
     engine: Optional[str] = None
     model: Optional[str] = None
@@ -64,7 +64,7 @@ class Request:
 
     @property
     def total_gpus(self) -> int:
-        return self.shards * self.gpus_per_shard
+        return self.shard_count * self.gpus_per_shard
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,7 +84,7 @@ class Replica:
 
     def as_request(self) -> Request:
         return Request(
-            name=self.name, shards=self.shard_count, gpus_per_shard=self.gpus_per_shard, engine=self.engine,
+            name=self.name, shard_count=self.shard_count, gpus_per_shard=self.gpus_per_shard, engine=self.engine,
             model=self.model, fabric=self.fabric, avoid_nodes=self.avoid_nodes, gpu_type=self.gpu_type,
         )
 
@@ -207,7 +207,7 @@ class Plan:
 def _check_request(request: Request) -> None:
     if not isinstance(request.name, str) or not request.name:
         raise InvalidRequest("a replica request needs a name")
-    if not isinstance(request.shards, int) or request.shards < 1:
-        raise InvalidRequest("replica %s: shards must be an integer >= 1" % request.name)
+    if not isinstance(request.shard_count, int) or request.shard_count < 1:
+        raise InvalidRequest("replica %s: shard_count must be an integer >= 1" % request.name)
     if not isinstance(request.gpus_per_shard, int) or request.gpus_per_shard < 0:
         raise InvalidRequest("replica %s: gpus_per_shard must be an integer >= 0" % request.name)

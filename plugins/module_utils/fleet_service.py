@@ -22,7 +22,7 @@ MODULE_STRATEGY = "greedy"
 
 # module option -> registry field
 NODE_OPTIONS = {"status": "state", "reasons": "reasons", "address": "address", "vmid": "vmid",
-                "proxmox_node": "proxmox_node", "fabric": "fabric", "gpus": "gpu_count", "gpu_type": "gpu_type",
+                "proxmox_node": "proxmox_node", "fabric": "fabric", "gpu_count": "gpu_count", "gpu_type": "gpu_type",
                 "cpu_variant": "cpu_variant", "engine_version": "engine_version", "engine_args": "engine_args",
                 "speed": "speed", "cert_fingerprint": "cert_fingerprint", "last_seen": "last_seen"}
 REPLICA_OPTIONS = {"model": "model", "engine": "engine", "shards": "shard_count", "gpus_per_shard": "gpus_per_shard",

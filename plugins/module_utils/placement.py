@@ -77,7 +77,7 @@ DEFAULT_SEARCH_BUDGET = 20000
 
 
 def _ffd_order(item: Item) -> tuple:
-    return (not item.repair, -item.shards * item.gpus, -item.shards, -item.gpus, item.name)
+    return (not item.repair, -item.shard_count * item.gpus, -item.shard_count, -item.gpus, item.name)
 
 
 def _items(fleet: Fleet, requests: Sequence[Request], repairs: Sequence[str]) -> List[Item]:
@@ -90,7 +90,7 @@ def _items(fleet: Fleet, requests: Sequence[Request], repairs: Sequence[str]) ->
         survivors = fleet.survivors(replica)
         present = {s.rank for s in survivors}
         items.append(Item(
-            name=name, shards=replica.shard_count, gpus=replica.gpus_per_shard, fabric=replica.fabric,
+            name=name, shard_count=replica.shard_count, gpus=replica.gpus_per_shard, fabric=replica.fabric,
             avoid=frozenset(replica.avoid_nodes), gpu_type=replica.gpu_type, repair=True, kept=survivors,
             own_fabric=fleet.own_fabric(replica),
             missing=tuple(r for r in range(replica.shard_count) if r not in present),
@@ -106,7 +106,7 @@ def _items(fleet: Fleet, requests: Sequence[Request], repairs: Sequence[str]) ->
                                  % request.name)
         seen.add(request.name)
         items.append(Item(
-            name=request.name, shards=request.shards, gpus=request.gpus_per_shard, fabric=request.fabric,
+            name=request.name, shard_count=request.shard_count, gpus=request.gpus_per_shard, fabric=request.fabric,
             avoid=frozenset(request.avoid_nodes), gpu_type=request.gpu_type,
         ))
     items.sort(key=_ffd_order)
@@ -202,9 +202,10 @@ def decide(fleet: Fleet, requests: Sequence[Request] = (), strategy: Optional[st
         if replica is None or not replica.shards:
             new.append(request)
             continue
-        if (replica.shard_count, replica.gpus_per_shard) != (request.shards, request.gpus_per_shard):
+        if (replica.shard_count, replica.gpus_per_shard) != (request.shard_count, request.gpus_per_shard):
             raise InvalidRequest("replica %s holds %d x %d GPUs; remove it before asking for %d x %d" % (
-                request.name, replica.shard_count, replica.gpus_per_shard, request.shards, request.gpus_per_shard))
+                request.name, replica.shard_count, replica.gpus_per_shard, request.shard_count,
+                request.gpus_per_shard))
         if fleet.is_broken(replica):
             broken.append(request.name)
         else:

@@ -62,9 +62,12 @@ options:
       - Interconnect fabric the node is on (for example C(ib-a)). All shards of a multi-node replica share one.
       - New nodes default to C(default). Moving a node that holds shards of a multi-node replica is refused.
     type: str
-  gpus:
-    description: Number of GPUs on the node.
+  gpu_count:
+    description:
+      - Number of GPUs on the node (the registry's C(gpu_count)).
+      - The alias C(gpus) is kept for playbooks written before the option was named O(gpu_count).
     type: int
+    aliases: [gpus]
   gpu_type:
     description: GPU model, matched against a replica's C(gpu_type) constraint. C("") clears it.
     type: str
@@ -109,7 +112,7 @@ EXAMPLES = r"""
     vmid: 111
     proxmox_node: pve1
     fabric: ib-a
-    gpus: 8
+    gpu_count: 8
     gpu_type: sim
     cpu_variant: haswell
     engine_version: b10991
@@ -169,7 +172,7 @@ def main():
             vmid=dict(type="int"),
             proxmox_node=dict(type="str"),
             fabric=dict(type="str"),
-            gpus=dict(type="int"),
+            gpu_count=dict(type="int", aliases=["gpus"]),
             gpu_type=dict(type="str"),
             cpu_variant=dict(type="str"),
             engine_version=dict(type="str"),

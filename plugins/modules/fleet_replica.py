@@ -135,7 +135,8 @@ EXAMPLES = r"""
     engine: sim
     shards: 2
     gpus_per_shard: 4
-    assignment: "{{ lookup('llmgw.fleet.placement', {'name': 'coder-b', 'shards': 2, 'gpus_per_shard': 4}).shards }}"
+    assignment: >-
+      {{ lookup('llmgw.fleet.placement', {'name': 'coder-b', 'shard_count': 2, 'gpus_per_shard': 4}).shards }}
   delegate_to: localhost
 
 - name: Mark it ready once every shard answers

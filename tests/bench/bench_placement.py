@@ -112,7 +112,7 @@ def pct(values, q):
 
 
 def shape(request):
-    return "%dx%d" % (request.shards, request.gpus_per_shard)
+    return "%dx%d" % (request.shard_count, request.gpus_per_shard)
 
 
 def placed_by_shape(decisions, stream):
@@ -197,12 +197,12 @@ class Counts:
         choice = None
         for fabric in sorted(self.by_fabric):
             fits = [n for n in self.by_fabric[fabric] if self.free[n] >= request.gpus_per_shard]
-            if len(fits) < request.shards:
+            if len(fits) < request.shard_count:
                 continue
             if not best:
-                choice = fits[:request.shards]
+                choice = fits[:request.shard_count]
                 break
-            nodes = sorted(fits, key=lambda n: (self.free[n], n))[:request.shards]
+            nodes = sorted(fits, key=lambda n: (self.free[n], n))[:request.shard_count]
             left = sum(self.free[n] for n in nodes) - request.total_gpus
             if choice is None or left < choice[0]:
                 choice = (left, nodes)
@@ -297,7 +297,7 @@ def bench_registry(rnd, size=1000, replicas=200):
                 registry.set_shards(replica.name, [s.to_dict() for s in replica.shards])
         times = []
         for i, request in enumerate(make_stream(fleet, rnd)[:20]):
-            probe = Request("probe%02d" % i, request.shards, request.gpus_per_shard)
+            probe = Request("probe%02d" % i, request.shard_count, request.gpus_per_shard)
             start = time.perf_counter()
             with FleetRegistry(path, create=False) as registry:
                 decide(fleet_service.load_fleet(registry), [probe])

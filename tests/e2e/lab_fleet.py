@@ -128,7 +128,7 @@ def running(fleet):
                 "- hosts: localhost\n  gather_facts: false\n  tasks:\n"
                 "    - name: Register the nodes ready\n      llmgw.fleet.fleet_node:\n"
                 "        name: '{{ item.name }}'\n        address: '{{ item.address }}'\n"
-                "        fabric: '{{ item.fabric }}'\n        gpus: %d\n        gpu_type: sim\n"
+                "        fabric: '{{ item.fabric }}'\n        gpu_count: %d\n        gpu_type: sim\n"
                 "        status: ready\n        last_seen: now\n        db: '{{ fleet_registry }}'\n"
                 "      loop: %s\n" % (fleet.gpus, json.dumps([{"name": n, "address": a, "fabric": f}
                                                              for n, (a, f) in sorted(fleet.nodes.items())])))

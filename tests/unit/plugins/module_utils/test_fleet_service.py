@@ -180,12 +180,12 @@ NODE_PARAMS = dict.fromkeys(fleet_service.NODE_OPTIONS)
 
 
 def test_change_node_maps_options_to_fields_and_compares(registry):
-    params = dict(NODE_PARAMS, fabric="ib-a", gpus=8, status="ready", address="10.77.0.11")
+    params = dict(NODE_PARAMS, fabric="ib-a", gpu_count=8, status="ready", address="10.77.0.11")
     before, after = fleet_service.change_node(registry, "node01", "present", params)
     assert before is None and (after["gpu_count"], after["state"], after["address"]) == (8, "ready", "10.77.0.11")
     changed, diff = fleet_service.compare(before, after, fleet_registry.NODE_FIELDS)
     assert changed and diff["before"] == {} and diff["after"]["fabric"] == "ib-a"
-    again = fleet_service.change_node(registry, "node01", "present", dict(NODE_PARAMS, gpus=8))
+    again = fleet_service.change_node(registry, "node01", "present", dict(NODE_PARAMS, gpu_count=8))
     unchanged = {"before": diff["after"], "after": diff["after"]}
     assert fleet_service.compare(*again, fleet_registry.NODE_FIELDS) == (False, unchanged)
     cleared = fleet_service.change_node(registry, "node01", "present", dict(NODE_PARAMS, address=""))[1]

@@ -186,7 +186,7 @@ def test_invalid_fleets_and_requests_are_refused_with_a_reason():
         Fleet([Node("n", "f", 1), Node("n", "f", 1)])
     with pytest.raises(InvalidRequest, match="already in the fleet"):
         place(seed_fleet(), Request("coder-b", 2, 4))
-    with pytest.raises(InvalidRequest, match="shards must be"):
+    with pytest.raises(InvalidRequest, match="shard_count must be"):
         place(seed_fleet(), Request("zero", 0, 4))
     with pytest.raises(InvalidRequest, match="unknown request keys: shrads"):
         request_from_dict({"name": "x", "shrads": 2, "gpus_per_shard": 1})
@@ -214,8 +214,8 @@ def test_same_answer_in_processes_with_different_hash_seeds():
 
 
 def test_fleet_from_plain_data_in_both_shapes():
-    short = fleet_from_data({"nodes": [{"name": "n1", "fabric": "ib-a", "gpus": 8, "free_gpus": 3},
-                                       {"name": "n2", "fabric": "ib-a", "gpus": 8, "state": "lost"}]})
+    short = fleet_from_data({"nodes": [{"name": "n1", "fabric": "ib-a", "gpu_count": 8, "free_gpus": 3},
+                                       {"name": "n2", "fabric": "ib-a", "gpu_count": 8, "state": "lost"}]})
     assert short.free_ids["n1"] == (0, 1, 2) and short.nodes["n2"].state == "lost"
     registry_shape = fleet_from_data({
         "nodes": [{"name": "n1", "fabric": "ib-a", "gpu_count": 8, "state": "ready", "free_gpus": 6}],
@@ -224,7 +224,38 @@ def test_fleet_from_plain_data_in_both_shapes():
     })
     assert registry_shape.free_ids["n1"] == (2, 3, 4, 5, 6, 7)
     with pytest.raises(InvalidFleet, match="free_gpus 9"):
-        fleet_from_data([{"name": "n1", "fabric": "f", "gpus": 8, "free_gpus": 9}])
+        fleet_from_data([{"name": "n1", "fabric": "f", "gpu_count": 8, "free_gpus": 9}])
+
+
+@pytest.mark.parametrize("count", [{"shard_count": 2}, {"shards": 2}, {"shard_count": 2, "shards": 2},
+                                   {"shard_count": "2", "shards": 2}],
+                         ids=["shard_count", "shards", "both", "both-as-text"])
+def test_request_shard_count_and_its_alias_shards_read_the_same(count):
+    data = dict(count, name="r", gpus_per_shard=4, fabric="ib-a")
+    assert request_from_dict(data) == Request("r", shard_count=2, gpus_per_shard=4, fabric="ib-a")
+
+
+def test_request_giving_shard_count_and_shards_that_differ_is_refused_naming_both():
+    with pytest.raises(InvalidRequest, match=r"replica request 'r': shard_count 2 and shards 3 differ "
+                                             r"\(shards is an alias of shard_count\)"):
+        request_from_dict({"name": "r", "shard_count": 2, "shards": 3, "gpus_per_shard": 4})
+    with pytest.raises(InvalidRequest, match="a replica request needs shard_count"):
+        request_from_dict({"name": "r", "gpus_per_shard": 4})
+    for data in ({"name": "r", "shard_count": 0, "gpus_per_shard": 4}, {"name": "r", "shards": 0, "gpus_per_shard": 4}):
+        with pytest.raises(InvalidRequest, match="replica r: shard_count must be an integer >= 1"):
+            request_from_dict(data)
+
+
+def test_node_gpu_count_and_its_alias_gpus_read_the_same():
+    def node(**count):
+        return fleet_from_data([dict(count, name="n1", fabric="f", free_gpus=3)])
+    expected = node(gpu_count=8)
+    assert expected.nodes["n1"].gpus == 8 and expected.free_ids["n1"] == (0, 1, 2)
+    for fleet in (node(gpus=8), node(gpu_count=8, gpus=8)):
+        assert fleet.nodes == expected.nodes and fleet.free_ids == expected.free_ids
+    assert fleet_from_data([{"name": "n0", "fabric": "f"}]).nodes["n0"].gpus == 0, "no count is no GPUs"
+    with pytest.raises(InvalidFleet, match=r"node n1: gpu_count 8 and gpus 4 differ \(gpus is an alias of gpu_count\)"):
+        node(gpu_count=8, gpus=4)
 
 
 def test_decide_keeps_repairs_and_places_like_a_second_playbook_run_expects():

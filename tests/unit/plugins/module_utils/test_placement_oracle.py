@@ -106,12 +106,12 @@ def instance(fleet, requests):
             fabric = own.pop()
             stay = {"missing": replica.shard_count - len(live),
                     "nodes": eligible(fabric, replica.avoid_nodes, replica.gpu_type, live_nodes)[fabric]}
-        items.append({"name": replica.name, "repair": True, "shards": replica.shard_count,
+        items.append({"name": replica.name, "repair": True, "shard_count": replica.shard_count,
                       "gpus": replica.gpus_per_shard, "stay": stay,
                       "released": {s.node: replica.gpus_per_shard for s in live if s.node in free},
                       "whole": eligible(replica.fabric, replica.avoid_nodes, replica.gpu_type, live_nodes)})
     for request in requests:
-        items.append({"name": request.name, "repair": False, "shards": request.shards,
+        items.append({"name": request.name, "repair": False, "shard_count": request.shard_count,
                       "gpus": request.gpus_per_shard, "stay": None, "released": {},
                       "whole": eligible(request.fabric, request.avoid_nodes, request.gpu_type, ())})
     return free, items
@@ -122,7 +122,7 @@ def instance(fleet, requests):
 def milp_value(free, items, time_limit=None):
     """The optimum (repairs, placed, -moved) by HiGHS, one weighted objective that orders like the triple
     (``None`` when ``time_limit`` seconds were not enough to prove it: only the benchmark sets one)."""
-    max_moved = sum(it["shards"] for it in items if it["repair"]) + 1
+    max_moved = sum(it["shard_count"] for it in items if it["repair"]) + 1
     news = sum(1 for it in items if not it["repair"])
     w_placed = max_moved
     w_repair = max_moved * (news + 1)
@@ -153,12 +153,12 @@ def milp_value(free, items, time_limit=None):
             for n, g in it["released"].items():
                 rhs[n] += g
         for fabric, members in it["whole"].items():
-            if len(members) < it["shards"]:
+            if len(members) < it["shard_count"]:
                 continue
-            y = var(worth - (it["shards"] if it["repair"] else 0), (i, "y", fabric, None))
+            y = var(worth - (it["shard_count"] if it["repair"] else 0), (i, "y", fabric, None))
             choose.append(y)
             zs = {var(0, (i, "z", fabric, n)): n for n in members}
-            rows.append(({**{z: 1 for z in zs}, y: -it["shards"]}, 0, 0))
+            rows.append(({**{z: 1 for z in zs}, y: -it["shard_count"]}, 0, 0))
             for z, n in zs.items():
                 use[n][z] = use[n].get(z, 0) + it["gpus"]
         if choose:
@@ -211,7 +211,7 @@ def milp_value(free, items, time_limit=None):
             it = items[i]
             if it["repair"]:
                 repairs += 1
-                moved += it["stay"]["missing"] if kind == "stay" else it["shards"]
+                moved += it["stay"]["missing"] if kind == "stay" else it["shard_count"]
             else:
                 placed += 1
     return (repairs, placed, -moved)
@@ -229,8 +229,8 @@ def brute_value(free, items):
             for combo in itertools.combinations(it["stay"]["nodes"], it["stay"]["missing"]):
                 options.append(((1, 0, -it["stay"]["missing"]), True, combo))
         for members in it["whole"].values():
-            for combo in itertools.combinations(members, it["shards"]):
-                gain = (1, 0, -it["shards"]) if it["repair"] else (0, 1, 0)
+            for combo in itertools.combinations(members, it["shard_count"]):
+                gain = (1, 0, -it["shard_count"]) if it["repair"] else (0, 1, 0)
                 options.append((gain, False, combo))
         choices.append(options)
     best = None

@@ -66,7 +66,7 @@ def requests(draw, fleet=None, max_requests=4):
     for i in range(draw(st.integers(1, max_requests))):
         out.append(Request(
             name="new%d" % i,
-            shards=draw(st.integers(1, 3)),
+            shard_count=draw(st.integers(1, 3)),
             gpus_per_shard=draw(st.sampled_from([0, 1, 2, 4, 8])),
             fabric=draw(st.sampled_from([None, None, None] + fabrics)),
             avoid_nodes=frozenset(draw(st.lists(st.sampled_from(names), max_size=2))) if names else frozenset(),
@@ -135,7 +135,7 @@ def check_invariants(fleet, decisions, requests_by_name):
             assert decision.reason
             continue
         ranks = [s.rank for s in decision.shards]
-        assert ranks == list(range(wanted.shards)), "exactly the shard count, rank 0 first: %s" % ranks
+        assert ranks == list(range(wanted.shard_count)), "exactly the shard count, rank 0 first: %s" % ranks
         nodes = [s.node for s in decision.shards]
         assert len(set(nodes)) == len(nodes), "one shard per node"
         assert len({fleet.nodes[n].fabric for n in nodes}) == 1, "one fabric"
@@ -172,12 +172,12 @@ def _fits(fleet, free, request, names, exclude=()):
 
 
 def all_node_sets(fleet, free, request):
-    """Every set of ``request.shards`` distinct nodes on one fabric that could take a new replica."""
+    """Every set of ``request.shard_count`` distinct nodes on one fabric that could take a new replica."""
     for fabric in sorted({n.fabric for n in fleet.nodes.values()}):
         if request.fabric is not None and fabric != request.fabric:
             continue
         members = sorted(n for n in fleet.nodes if fleet.nodes[n].fabric == fabric)
-        for combo in itertools.combinations(members, request.shards):
+        for combo in itertools.combinations(members, request.shard_count):
             if _fits(fleet, free, request, combo):
                 yield fabric, combo
 

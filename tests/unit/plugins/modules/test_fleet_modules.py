@@ -29,7 +29,7 @@ NODES = """
 
 
 def node_task(name, fabric, **extra):
-    args = dict(name=name, fabric=fabric, gpus=8, status="ready", address="10.77.0.1" + name[-1],
+    args = dict(name=name, fabric=fabric, gpu_count=8, status="ready", address="10.77.0.1" + name[-1],
                 vmid=110 + int(name[-1]), proxmox_node="pve1", cpu_variant="haswell", engine_version="b10991",
                 cert_fingerprint="AB:" + name)
     args.update(extra)
@@ -161,6 +161,8 @@ def repaired_db(tmp_path):
 def test_1_nodes_check_apply_check_apply(empty_db, tmp_path):
     tasks = [node_task("node01", "ib-a"), node_task("node02", "ib-a"), node_task("node03", "ib-b"),
              node_task("node04", "ib-b")]
+    written_before = tasks[3]["llmgw.fleet.fleet_node"]
+    written_before["gpus"] = written_before.pop("gpu_count")  # the option's old name, kept as an alias
     check, apply, _ignored, _ignored = cycle(playbook(tmp_path, tasks), empty_db)
     assert all(changed(apply).values())
     assert check["node01"]["diff"]["before"] == {}
@@ -169,6 +171,7 @@ def test_1_nodes_check_apply_check_apply(empty_db, tmp_path):
     assert (node["fabric"], node["gpu_count"], node["state"], node["vmid"], node["address"]) == \
         ("ib-a", 8, "ready", 111, "10.77.0.11")
     assert check["node01"]["node"] == node, "check mode predicts the record"
+    assert apply["node04"]["node"]["gpu_count"] == 8 and not apply["node04"].get("warnings"), "gpus is gpu_count"
 
 
 def test_2_replicas_placed_in_the_module(nodes_db, tmp_path):
@@ -264,18 +267,21 @@ def _plain(obj):
 def test_7_lookup_reads_the_registry_or_a_fleet_passed_in(repaired_db, tmp_path):
     tasks = [
         {"name": "from registry", "ansible.builtin.set_fact": {"answer": (
-            "{{ lookup('llmgw.fleet.placement', {'name': 'small', 'shards': 1, 'gpus_per_shard': 4}) }}")}},
-        {"name": "kept", "ansible.builtin.set_fact": {"answer": (
+            "{{ lookup('llmgw.fleet.placement', {'name': 'small', 'shard_count': 1, 'gpus_per_shard': 4}) }}")}},
+        {"name": "kept", "ansible.builtin.set_fact": {"answer": (  # shards: shard_count's old name, an alias
             "{{ lookup('llmgw.fleet.placement', {'name': 'coder-b', 'shards': 2, 'gpus_per_shard': 4}) }}")}},
         {"name": "passed in", "ansible.builtin.set_fact": {"answer": (
-            "{{ lookup('llmgw.fleet.placement', {'name': 'r', 'shards': 2, 'gpus_per_shard': 8}, fleet={'nodes': ["
-            "{'name': 'x1', 'fabric': 'f', 'gpus': 8}, "
+            "{{ lookup('llmgw.fleet.placement', {'name': 'r', 'shard_count': 2, 'gpus_per_shard': 8}, fleet={'nodes': ["
+            "{'name': 'x1', 'fabric': 'f', 'gpu_count': 8}, "
             "{'name': 'x2', 'fabric': 'f', 'gpus': 8, 'free_gpus': 8}]}) }}")}},
         {"name": "refused", "ansible.builtin.set_fact": {"answer": (
-            "{{ lookup('llmgw.fleet.placement', {'name': 'big', 'shards': 2, 'gpus_per_shard': 8}, "
+            "{{ lookup('llmgw.fleet.placement', {'name': 'big', 'shard_count': 2, 'gpus_per_shard': 8}, "
             "on_refusal='return') }}")}},
         {"name": "refusal fails", "ignore_errors": True, "ansible.builtin.set_fact": {"answer": (
-            "{{ lookup('llmgw.fleet.placement', {'name': 'big', 'shards': 2, 'gpus_per_shard': 8}) }}")}},
+            "{{ lookup('llmgw.fleet.placement', {'name': 'big', 'shard_count': 2, 'gpus_per_shard': 8}) }}")}},
+        {"name": "two counts", "ignore_errors": True, "ansible.builtin.set_fact": {"answer": (
+            "{{ lookup('llmgw.fleet.placement', {'name': 'odd', 'shard_count': 2, 'shards': 1, "
+            "'gpus_per_shard': 1}) }}")}},
     ]
     results = run(playbook(tmp_path, tasks), repaired_db)
     small = results["from registry"]["ansible_facts"]["answer"]
@@ -289,6 +295,8 @@ def test_7_lookup_reads_the_registry_or_a_fleet_passed_in(repaired_db, tmp_path)
     assert not refused["placed"] and "ib-b has 0 of the 2 nodes it needs" in refused["reason"]
     assert results["refusal fails"]["failed"]
     assert "cannot place big" in results["refusal fails"]["msg"]
+    assert results["two counts"]["failed"]
+    assert "replica request 'odd': shard_count 2 and shards 1 differ" in results["two counts"]["msg"]
 
 
 def test_8_removing_a_replica_returns_its_shards_to_stop(repaired_db, tmp_path):
