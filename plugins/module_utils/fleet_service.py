@@ -25,9 +25,10 @@ NODE_OPTIONS = {"status": "state", "reasons": "reasons", "address": "address", "
                 "proxmox_node": "proxmox_node", "fabric": "fabric", "gpu_count": "gpu_count", "gpu_type": "gpu_type",
                 "cpu_variant": "cpu_variant", "engine_version": "engine_version", "engine_args": "engine_args",
                 "speed": "speed", "cert_fingerprint": "cert_fingerprint", "last_seen": "last_seen"}
-REPLICA_OPTIONS = {"model": "model", "engine": "engine", "shards": "shard_count", "gpus_per_shard": "gpus_per_shard",
-                   "fabric": "fabric", "gpu_type": "gpu_type", "avoid_nodes": "avoid_nodes", "port": "port",
-                   "options": "options", "status": "state", "reasons": "reasons"}
+REPLICA_OPTIONS = {"model": "model", "engine": "engine", "shard_count": "shard_count",
+                   "gpus_per_shard": "gpus_per_shard", "fabric": "fabric", "gpu_type": "gpu_type",
+                   "avoid_nodes": "avoid_nodes", "port": "port", "options": "options", "status": "state",
+                   "reasons": "reasons"}
 
 
 # -- registry rows -> solver types, and the one route to the solver ------------------------------------------

@@ -51,9 +51,12 @@ options:
   engine:
     description: Inference engine (C(llama_cpp), C(vllm), C(sglang), C(sim)). Required for a new replica.
     type: str
-  shards:
-    description: Number of shards (nodes) the replica must have. Required for a new replica.
+  shard_count:
+    description:
+      - Number of shards (nodes) the replica must have. Required for a new replica.
+      - The alias O(shards) is kept for playbooks written before.
     type: int
+    aliases: [shards]
   gpus_per_shard:
     description: GPUs each shard holds on its node (0 for CPU inference). Required for a new replica.
     type: int
@@ -121,7 +124,7 @@ EXAMPLES = r"""
     name: coder-a
     model: qwen2.5-coder-7b
     engine: sim
-    shards: 2
+    shard_count: 2
     gpus_per_shard: 4
     port: 8080
     place: true
@@ -133,7 +136,7 @@ EXAMPLES = r"""
     name: coder-b
     model: qwen2.5-coder-7b
     engine: sim
-    shards: 2
+    shard_count: 2
     gpus_per_shard: 4
     assignment: >-
       {{ lookup('llmgw.fleet.placement', {'name': 'coder-b', 'shard_count': 2, 'gpus_per_shard': 4}).shards }}
@@ -208,7 +211,7 @@ def main():
             state=dict(type="str", choices=["present", "absent"], default="present"),
             model=dict(type="str"),
             engine=dict(type="str"),
-            shards=dict(type="int"),
+            shard_count=dict(type="int", aliases=["shards"]),
             gpus_per_shard=dict(type="int"),
             fabric=dict(type="str"),
             gpu_type=dict(type="str"),

@@ -203,7 +203,7 @@ REPLICA_PARAMS = dict.fromkeys(fleet_service.REPLICA_OPTIONS)
 
 def test_change_replica_records_places_sets_states_and_removes(registry):
     seed(registry)
-    options = dict(REPLICA_PARAMS, model="tiny", engine="sim", shards=1, gpus_per_shard=2, port=8081)
+    options = dict(REPLICA_PARAMS, model="tiny", engine="sim", shard_count=1, gpus_per_shard=2, port=8081)
     before, after, decision, reaped = fleet_service.change_replica(registry, "one", options=options, place_it=True,
                                                                    every_shard_status="starting")
     assert before is None and decision["placed"] and reaped == []
@@ -223,7 +223,7 @@ def test_change_replica_records_places_sets_states_and_removes(registry):
 
 def test_change_replica_is_one_transaction(registry):
     seed(registry)
-    options = dict(REPLICA_PARAMS, model="tiny", engine="sim", shards=1, gpus_per_shard=2)
+    options = dict(REPLICA_PARAMS, model="tiny", engine="sim", shard_count=1, gpus_per_shard=2)
     with pytest.raises(RegistryConflict, match="GPU 3 of node01 is held by coder-a rank 0"):
         fleet_service.change_replica(registry, "thief", options=options,
                                      assignment=[{"rank": 0, "node": "node01", "gpus": [3, 4]}])

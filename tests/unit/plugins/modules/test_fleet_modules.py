@@ -105,8 +105,8 @@ REPLICAS = {"coder-a": "ib-a", "coder-b": "ib-b"}
 
 def replica_task(name, fabric):
     return {"name": name, "llmgw.fleet.fleet_replica": {
-        "name": name, "model": "tiny", "engine": "sim", "shards": 2, "gpus_per_shard": 4, "fabric": fabric,
-        "port": 8080, "place": True}}
+        "name": name, "model": "tiny", "engine": "sim", "shard_count": 2,
+        "gpus_per_shard": 4, "fabric": fabric, "port": 8080, "place": True}}
 
 
 def _record_nodes(registry):
@@ -177,10 +177,10 @@ def test_1_nodes_check_apply_check_apply(empty_db, tmp_path):
 def test_2_replicas_placed_in_the_module(nodes_db, tmp_path):
     tasks = [
         {"name": "coder-a", "llmgw.fleet.fleet_replica": {
-            "name": "coder-a", "model": "tiny", "engine": "sim", "shards": 2, "gpus_per_shard": 4,
+            "name": "coder-a", "model": "tiny", "engine": "sim", "shard_count": 2, "gpus_per_shard": 4,
             "fabric": "ib-a", "port": 8080, "place": True}},
         {"name": "coder-b", "llmgw.fleet.fleet_replica": {
-            "name": "coder-b", "model": "tiny", "engine": "sim", "shards": 2, "gpus_per_shard": 4,
+            "name": "coder-b", "model": "tiny", "engine": "sim", "shard_count": 2, "gpus_per_shard": 4,
             "fabric": "ib-b", "port": 8080, "place": True}},
     ]
     check, apply, second_check, _ignored = cycle(playbook(tmp_path, tasks), nodes_db)
@@ -195,7 +195,7 @@ def test_2_replicas_placed_in_the_module(nodes_db, tmp_path):
 
 def test_3_an_assignment_that_breaks_an_invariant_fails_and_records_nothing(placed_db, tmp_path):
     before = table(placed_db)
-    tasks = [{"name": "thief", "llmgw.fleet.fleet_replica": {
+    tasks = [{"name": "thief", "llmgw.fleet.fleet_replica": {  # shards: shard_count's alias, kept for old playbooks
         "name": "thief", "model": "tiny", "engine": "sim", "shards": 1, "gpus_per_shard": 2,
         "assignment": [{"rank": 0, "node": "node01", "gpus": [3, 4]}]}}]
     result = run(playbook(tmp_path, tasks), placed_db)["thief"]
