@@ -98,11 +98,18 @@ PYTEST_ARGS = ["tests/examples", "tests/lab/tests", "tests/e2e",
 # `make faults`: the files that hold the heavy rows the suite leaves out (fault rows, a QEMU guest's boot), run
 # whole on the lab: a heavy row of test_replicas.py needs the replicas its earlier rows placed.
 FAULT_ARGS = [os.path.join("tests", "lab", "tests", "test_nodes_boot.py"),
-              os.path.join("tests", "e2e", "test_replicas.py")]
+              os.path.join("tests", "e2e", "test_replicas.py"),
+              os.path.join("tests", "e2e", "test_controller_killed.py"),
+              os.path.join("tests", "e2e", "test_api_faults_add_node.py")]
 
 
 def stage_engine_build():
     return run([PY, os.path.join("tests", "lab", "engine", "build.py")])
+
+
+def stage_real_model():
+    """The real small model the lab inventory declares (docs-run's place_replica serves it)."""
+    return run([PY, os.path.join("tests", "lab", "engine", "real_model.py")])
 
 
 def stage_lab_up():
@@ -163,7 +170,8 @@ def main():
                  ("ansible-doc renders every plugin", stage_ansible_doc)],
         "pytest-units": [("pytest units", lambda: stage_pytest(["tests/unit"]))],
         "molecule": [("molecule scenarios (lab VMs)", stage_molecule)],
-        "docs-run": [("docs run (every documented command)", stage_docs_run)],
+        "docs-run": [("real model (cached per machine)", stage_real_model),
+                     ("docs run (every documented command)", stage_docs_run)],
         "faults": [("lab up", stage_lab_up), ("engine build (cached per machine)", stage_engine_build),
                    ("pytest (the heavy rows)", lambda: stage_pytest(FAULT_ARGS))],
     }.get(args.only) or [
@@ -174,6 +182,7 @@ def main():
         ("ansible-doc renders every plugin", stage_ansible_doc),
         ("lab up", stage_lab_up),
         ("engine build (cached per machine)", stage_engine_build),
+        ("real model (cached per machine)", stage_real_model),
         ("pytest (examples, lab, end-to-end)", lambda: stage_pytest(PYTEST_ARGS)),
         ("docs run (every documented command)", stage_docs_run),
         ("molecule scenarios (lab VMs)", stage_molecule),

@@ -163,6 +163,10 @@ class ProxmoxClient(WriteCalls, TaskCalls):
                 if typed is None:
                     raise
                 transient = isinstance(typed, ConnectionFailed) or typed.status in TRANSIENT_STATUS
+                if transient and method != "get" and not isinstance(typed, TLSVerificationFailed):
+                    typed.message = ("%s /%s: %s; not repeated, since it may have been done: run again, and the "
+                                     "run reads what is there first" % (method.upper(), path, typed.message))
+                    typed.args = (typed.message,)
                 if not transient or isinstance(typed, TLSVerificationFailed) or attempt == attempts:
                     raise typed
                 self._sleep(0.5 * attempt)

@@ -2,6 +2,7 @@
 (tests/e2e/test_proxmox_client_lab.py)."""
 
 import pytest
+from proxmoxer import ResourceException
 
 from ansible_collections.llmgw.fleet.plugins.module_utils import proxmox_errors as errors
 from ansible_collections.llmgw.fleet.plugins.module_utils.proxmox_client import (
@@ -151,3 +152,52 @@ def test_vms_are_found_by_exact_name_or_vmid_never_as_containers():
     assert template["template"] is True
     assert [vm["vmid"] for vm in client.find_vms(name="node05", vmid=1106)] == [1106]
     assert [vm["vmid"] for vm in client.find_vms()] == [1105, 9000, 1106]
+
+
+class FlakyApi:
+    """Answers each call with the next of ``answers`` (an exception is raised), recording (method, path)."""
+
+    def __init__(self, answers):
+        self.answers, self.calls = list(answers), []
+
+    def __call__(self, path):
+        api = self
+
+        class Resource:
+            def __getattr__(self, method):
+                def call(**params):
+                    api.calls.append((method, path))
+                    answer = api.answers.pop(0)
+                    if isinstance(answer, Exception):
+                        raise answer
+                    return answer
+                return call
+
+        return Resource()
+
+
+def gateway_error(status=503, reason="lab outage"):
+    return ResourceException(status, reason, reason)
+
+
+def test_a_read_meeting_a_gateway_error_is_tried_again_and_a_write_never_is():
+    slept = []
+    reads = FlakyApi([gateway_error(), gateway_error(), [{"vmid": 1}]])
+    assert ProxmoxClient(reads, sleep=slept.append).get("cluster/resources") == [{"vmid": 1}]
+    assert reads.calls == [("get", "cluster/resources")] * 3 and slept == [0.5, 1.0]
+
+    writes = FlakyApi([gateway_error(), "UPID:never"])
+    with pytest.raises(errors.ProxmoxError) as caught:
+        ProxmoxClient(writes, sleep=slept.append).post("nodes/pve/qemu/9000/clone", newid=1105)
+    assert writes.calls == [("post", "nodes/pve/qemu/9000/clone")]
+    assert str(caught.value) == caught.value.message == (
+        "POST /nodes/pve/qemu/9000/clone: HTTP 503: lab outage; not repeated, since it may have been done: run "
+        "again, and the run reads what is there first")
+    assert caught.value.status == 503
+
+
+def test_a_write_refused_outright_keeps_pve_s_own_words():
+    writes = FlakyApi([gateway_error(403, "Permission check failed (/vms/1105, VM.Allocate)")])
+    with pytest.raises(errors.PermissionDenied) as caught:
+        ProxmoxClient(writes).post("nodes/pve/qemu/9000/clone", newid=1105)
+    assert caught.value.message == "HTTP 403: Permission check failed (/vms/1105, VM.Allocate)"

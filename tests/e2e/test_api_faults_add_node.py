@@ -1,0 +1,165 @@
+"""The Proxmox VE API misbehaving in the middle of add_node, through the lab's ``/lab/faults``; every row a whole
+add_node run of a new node, then one ordinary run that must converge.
+
+* 503 twice on the guest list (a read): the client tries again and the run goes on to ready, with the two 503s in
+  the lab's request log;
+* 503 once on the clone (a write): the run fails at once naming the 503 and the clone; the lab saw exactly one clone
+  request (never repeated: it may have been done), no VM of that name exists, the node is not ready; the next run
+  makes it ready;
+* the clone task ending in ``TASK ERROR``: the run fails with PVE's own words for the task; no VM is left; the next
+  run makes it ready.
+
+The test prints ``N faults, N failed or retried as they should, N converged``. Heavy (``make faults``): about six
+minutes. Nodes af-node01..03 at 10.77.0.170-172; VMs af-* (VMIDs 1170-1179) destroyed before and after.
+"""
+
+import os
+import re
+
+import pytest
+import requests
+from helpers import REPO, run_playbook
+from onboard_e2e import INVENTORY, Controller, lab_engine
+from pve_vm_e2e import Lab, lab_is_up
+from registry_check import violations
+
+pytestmark = [pytest.mark.heavy,
+              pytest.mark.skipif(not lab_is_up(), reason="the lab is not up (make lab-up)")]
+
+PREFIX, OWN_VMIDS = "af-", range(1170, 1180)
+OPTIONS = {"fabric": "ib-a", "gpus": 2, "gpu_type": "sim"}
+SERVER_LOG = os.path.join(REPO, ".lab", "api", "server.log")
+RESULTS = []
+
+
+def remove_own_vms(lab):
+    for guest in lab.client.qemu_vms():
+        if guest["vmid"] in OWN_VMIDS and (guest.get("name") or "").startswith(PREFIX):
+            lab.destroy(guest["vmid"])
+
+
+class Faults:
+    """The lab's /lab/faults: switch on; switch off only what this test switched on."""
+
+    def __init__(self, lab):
+        self.url = "https://%s:%s/lab/faults" % (lab.data.get("api_host", "127.0.0.1"), lab.data.get("api_port", 8006))
+        self.ca = lab.data["ca_cert"]
+
+    def call(self, method, payload):
+        answer = requests.request(method, self.url, json=payload, verify=self.ca, timeout=30)
+        assert answer.status_code == 200, answer.text
+        return answer.json()["data"]
+
+
+@pytest.fixture(scope="module")
+def lab():
+    lab = Lab()
+    remove_own_vms(lab)
+    try:
+        yield lab
+    finally:
+        if os.environ.get("LLMGW_LAB_KEEP_VMS") != "1":
+            remove_own_vms(lab)
+        print("\nProxmox API faults across add_node: %d faults, %d failed or retried as they should, %d converged (%s)"
+              % (len(RESULTS), sum(1 for r in RESULTS if r["as_it_should"]), sum(1 for r in RESULTS if r["converged"]),
+                 "; ".join("%s: %s" % (r["fault"], r["seen"]) for r in RESULTS)))
+
+
+@pytest.fixture(scope="module")
+def controller(tmp_path_factory):
+    return Controller(tmp_path_factory.mktemp("api-faults"), lab_engine())
+
+
+@pytest.fixture
+def faults(lab):
+    switched = Faults(lab)
+    payloads = []
+
+    def switch(payload):
+        payloads.append(payload)
+        return switched.call("POST", payload)
+
+    yield switch
+    for payload in payloads:
+        switched.call("DELETE", payload)
+
+
+REQUEST_RE = re.compile(r'"(GET|POST|PUT|DELETE) /api2/json(\S*) HTTP/[\d.]+" (\d+)')
+
+
+def log_from(offset):
+    """The lab API's request log written since ``offset`` (a byte offset): (status, method, path) per request."""
+    with open(SERVER_LOG, "rb") as handle:
+        handle.seek(offset)
+        text = handle.read().decode("utf-8", "replace")
+    return [(int(m.group(3)), m.group(1), m.group(2)) for m in REQUEST_RE.finditer(text)]
+
+
+def log_offset():
+    return os.path.getsize(SERVER_LOG)
+
+
+def new_row(fault):
+    row = {"fault": fault, "as_it_should": False, "converged": False, "seen": "not reached"}
+    RESULTS.append(row)
+    return row
+
+
+def converge(lab, controller, node, octet, row):
+    again = run_playbook("llmgw.fleet.add_node", controller.extra_vars(node, octet, **OPTIONS), inventory=INVENTORY)
+    assert not again.failed, again.failure_messages()
+    record = controller.record(node)
+    assert record["state"] == "ready", record
+    assert len([g for g in lab.client.qemu_vms() if g.get("name") == node]) == 1
+    assert violations(controller.registry) == []
+    row["converged"] = True
+
+
+def failure_text(run):
+    return "\n".join(str(m) for m in run.failure_messages() if m)
+
+
+def test_reads_answered_503_twice_are_tried_again_and_the_run_goes_on(lab, controller, faults):
+    node, octet = "af-node01", 170
+    row = new_row("503 twice on GET /cluster/resources")
+    start = log_offset()
+    faults({"fail_requests": 2, "status": 503, "message": "lab outage", "path": "/cluster/resources"})
+    run = run_playbook("llmgw.fleet.add_node", controller.extra_vars(node, octet, **OPTIONS), inventory=INVENTORY)
+    assert not run.failed, failure_text(run)
+    answered = [entry for entry in log_from(start) if entry[2].startswith("/cluster/resources")]
+    assert [status for status, _method, _path in answered[:3]] == [503, 503, 200], answered[:5]
+    row["as_it_should"], row["seen"] = True, "retried, ready"
+    converge(lab, controller, node, octet, row)
+
+
+def test_a_write_answered_503_fails_at_once_and_is_never_repeated(lab, controller, faults):
+    node, octet = "af-node02", 171
+    row = new_row("503 once on POST .../clone")
+    clone_path = "/nodes/%s/qemu/%s/clone" % (lab.node, lab.data["template_vmid"])
+    start = log_offset()
+    faults({"fail_requests": 1, "status": 503, "message": "lab outage", "path": clone_path})
+    run = run_playbook("llmgw.fleet.add_node", controller.extra_vars(node, octet, **OPTIONS), inventory=INVENTORY)
+    assert run.failed
+    text = failure_text(run)
+    assert "POST %s: HTTP 503: lab outage; not repeated, since it may have been done" % clone_path in text, text
+    clones = [entry for entry in log_from(start) if entry[1] == "POST" and entry[2] == clone_path]
+    assert [status for status, _method, _path in clones] == [503], clones
+    assert lab.vm(node) is None
+    record = controller.record(node)
+    assert record is None or record["state"] != "ready", record
+    row["as_it_should"], row["seen"] = True, "failed at once, 1 clone request"
+    converge(lab, controller, node, octet, row)
+
+
+def test_a_clone_task_that_ends_in_error_fails_the_run_with_its_words(lab, controller, faults):
+    node, octet = "af-node03", 172
+    vmid = 1000 + octet
+    row = new_row("the clone task ends in TASK ERROR")
+    faults({"fail_next_task": {"message": "disk copy failed", "type": "qmclone", "vmid": vmid}})
+    run = run_playbook("llmgw.fleet.add_node", controller.extra_vars(node, octet, **OPTIONS), inventory=INVENTORY)
+    assert run.failed
+    text = failure_text(run)
+    assert "clone failed: disk copy failed" in text, text
+    assert lab.vm(node) is None
+    row["as_it_should"], row["seen"] = True, "failed with the task's words"
+    converge(lab, controller, node, octet, row)
