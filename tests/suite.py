@@ -100,7 +100,8 @@ PYTEST_ARGS = ["tests/examples", "tests/lab/tests", "tests/e2e",
 FAULT_ARGS = [os.path.join("tests", "lab", "tests", "test_nodes_boot.py"),
               os.path.join("tests", "e2e", "test_replicas.py"),
               os.path.join("tests", "e2e", "test_controller_killed.py"),
-              os.path.join("tests", "e2e", "test_api_faults_add_node.py")]
+              os.path.join("tests", "e2e", "test_api_faults_add_node.py"),
+              os.path.join("tests", "e2e", "test_concurrent_runs.py")]
 
 
 def stage_engine_build():

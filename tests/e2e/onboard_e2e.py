@@ -36,10 +36,22 @@ def lab_session():
             lab_cli("down")
 
 
-def remove_own_vms(lab):
+def remove_own_vms(lab, prefix=PREFIX, vmids=OWN_VMIDS):
     for guest in lab.client.qemu_vms():
-        if guest["vmid"] in OWN_VMIDS and (guest.get("name") or "").startswith(PREFIX):
+        if guest["vmid"] in vmids and (guest.get("name") or "").startswith(prefix):
             lab.destroy(guest["vmid"])
+
+
+def lab_with_own_vms(prefix, vmids):
+    """The running lab, a test's own VMs (its name prefix and VMID range) destroyed before and after (kept after with
+    LLMGW_LAB_KEEP_VMS=1)."""
+    lab = Lab()
+    remove_own_vms(lab, prefix, vmids)
+    try:
+        yield lab
+    finally:
+        if os.environ.get("LLMGW_LAB_KEEP_VMS") != "1":
+            remove_own_vms(lab, prefix, vmids)
 
 
 def engine_vars(engine):

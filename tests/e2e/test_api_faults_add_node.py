@@ -10,7 +10,7 @@ add_node run of a new node, then one ordinary run that must converge.
   run makes it ready.
 
 The test prints ``N faults, N failed or retried as they should, N converged``. Heavy (``make faults``): about six
-minutes. Nodes af-node01..03 at 10.77.0.170-172; VMs af-* (VMIDs 1170-1179) destroyed before and after.
+minutes. Nodes af-node01..03 at 10.77.0.216-218; VMs af-* (VMIDs 1216-1218) destroyed before and after.
 """
 
 import os
@@ -19,23 +19,17 @@ import re
 import pytest
 import requests
 from helpers import REPO, run_playbook
-from onboard_e2e import INVENTORY, Controller, lab_engine
-from pve_vm_e2e import Lab, lab_is_up
+from onboard_e2e import INVENTORY, Controller, lab_engine, lab_with_own_vms
+from pve_vm_e2e import lab_is_up
 from registry_check import violations
 
 pytestmark = [pytest.mark.heavy,
               pytest.mark.skipif(not lab_is_up(), reason="the lab is not up (make lab-up)")]
 
-PREFIX, OWN_VMIDS = "af-", range(1170, 1180)
+PREFIX, OWN_VMIDS = "af-", range(1216, 1219)
 OPTIONS = {"fabric": "ib-a", "gpus": 2, "gpu_type": "sim"}
 SERVER_LOG = os.path.join(REPO, ".lab", "api", "server.log")
 RESULTS = []
-
-
-def remove_own_vms(lab):
-    for guest in lab.client.qemu_vms():
-        if guest["vmid"] in OWN_VMIDS and (guest.get("name") or "").startswith(PREFIX):
-            lab.destroy(guest["vmid"])
 
 
 class Faults:
@@ -53,13 +47,9 @@ class Faults:
 
 @pytest.fixture(scope="module")
 def lab():
-    lab = Lab()
-    remove_own_vms(lab)
     try:
-        yield lab
+        yield from lab_with_own_vms(PREFIX, OWN_VMIDS)
     finally:
-        if os.environ.get("LLMGW_LAB_KEEP_VMS") != "1":
-            remove_own_vms(lab)
         print("\nProxmox API faults across add_node: %d faults, %d failed or retried as they should, %d converged (%s)"
               % (len(RESULTS), sum(1 for r in RESULTS if r["as_it_should"]), sum(1 for r in RESULTS if r["converged"]),
                  "; ".join("%s: %s" % (r["fault"], r["seen"]) for r in RESULTS)))
@@ -120,7 +110,7 @@ def failure_text(run):
 
 
 def test_reads_answered_503_twice_are_tried_again_and_the_run_goes_on(lab, controller, faults):
-    node, octet = "af-node01", 170
+    node, octet = "af-node01", 216
     row = new_row("503 twice on GET /cluster/resources")
     start = log_offset()
     faults({"fail_requests": 2, "status": 503, "message": "lab outage", "path": "/cluster/resources"})
@@ -133,7 +123,7 @@ def test_reads_answered_503_twice_are_tried_again_and_the_run_goes_on(lab, contr
 
 
 def test_a_write_answered_503_fails_at_once_and_is_never_repeated(lab, controller, faults):
-    node, octet = "af-node02", 171
+    node, octet = "af-node02", 217
     row = new_row("503 once on POST .../clone")
     clone_path = "/nodes/%s/qemu/%s/clone" % (lab.node, lab.data["template_vmid"])
     start = log_offset()
@@ -152,7 +142,7 @@ def test_a_write_answered_503_fails_at_once_and_is_never_repeated(lab, controlle
 
 
 def test_a_clone_task_that_ends_in_error_fails_the_run_with_its_words(lab, controller, faults):
-    node, octet = "af-node03", 172
+    node, octet = "af-node03", 218
     vmid = 1000 + octet
     row = new_row("the clone task ends in TASK ERROR")
     faults({"fail_next_task": {"message": "disk copy failed", "type": "qmclone", "vmid": vmid}})

@@ -19,8 +19,8 @@ import time
 
 import pytest
 from helpers import REPO, ansible_env, run_playbook
-from onboard_e2e import INVENTORY, Controller, lab_engine
-from pve_vm_e2e import Lab, lab_is_up
+from onboard_e2e import INVENTORY, Controller, lab_engine, lab_with_own_vms
+from pve_vm_e2e import lab_is_up
 from registry_check import violations
 
 from ansible_collections.llmgw.fleet.plugins.module_utils.fleet_registry import FleetRegistry
@@ -42,21 +42,11 @@ OPTIONS = {"fabric": "ib-a", "gpus": 2, "gpu_type": "sim"}
 RESULTS = []
 
 
-def remove_own_vms(lab):
-    for guest in lab.client.qemu_vms():
-        if guest["vmid"] in OWN_VMIDS and (guest.get("name") or "").startswith(PREFIX):
-            lab.destroy(guest["vmid"])
-
-
 @pytest.fixture(scope="module")
 def lab():
-    lab = Lab()
-    remove_own_vms(lab)
     try:
-        yield lab
+        yield from lab_with_own_vms(PREFIX, OWN_VMIDS)
     finally:
-        if os.environ.get("LLMGW_LAB_KEEP_VMS") != "1":
-            remove_own_vms(lab)
         print("\ncontroller killed: %d kill points, %d converged (%s)" % (
             len(RESULTS), sum(1 for r in RESULTS if r["converged"]),
             "; ".join("%s at %r +%.1f s: killed after %.0f s, left %s" % (
