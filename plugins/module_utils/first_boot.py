@@ -59,6 +59,16 @@ def classify(rc, stdout, stderr):
     return UNKNOWN
 
 
+def detail(state, rc, stdout, stderr):
+    """What the timeline keeps of one ssh attempt: its stderr for an ssh failure, its stdout for an answer; for an
+    attempt nothing above recognises, its exit status and both (they may be the only clue to it)."""
+    if state == UNKNOWN:
+        out = (stdout or "").strip()[-300:] or "(none)"
+        err = (stderr or "").strip()[-300:] or "(none)"
+        return "exit %s; stdout: %s; stderr: %s" % (rc, out, err)
+    return stderr if rc == 255 else stdout
+
+
 def classify_agent_status(exitcode, stdout):
     """`cloud-init status` run through the guest agent: AGENT_READY, AGENT_CLOUD_INIT_RUNNING, CLOUD_INIT_ERROR
     or UNKNOWN (the agent has no ssh stage, so only the status line counts)."""

@@ -277,7 +277,7 @@ class NodeWaiter:
                 handle.write(host_keys.known_hosts_line(self.req.name, key))
             rc, out, err = self.ssh(pinned_file, True, "cloud-init status")
             state = first_boot.classify(rc, out, err)
-            self.record(state, err if rc == 255 else out)
+            self.record(state, first_boot.detail(state, rc, out, err))
             if state == first_boot.READY:
                 return key
             if state == first_boot.CLOUD_INIT_ERROR:
@@ -301,7 +301,7 @@ class NodeWaiter:
             # Nothing is learned before cloud-init is done: the key offered now may be the one it is about to replace.
             rc, out, err = self.ssh(os.devnull, False, "cloud-init status")
             state = first_boot.classify(rc, out, err)
-            self.record(state, err if rc == 255 else out)
+            self.record(state, first_boot.detail(state, rc, out, err))
             if state == first_boot.READY:
                 break
             if state == first_boot.CLOUD_INIT_ERROR:

@@ -62,3 +62,11 @@ def test_timeout_message_names_the_node_the_wait_and_the_last_state():
     message = first_boot.timeout_message("node05", "10.77.0.105", 5, timeline.last)
     assert message.startswith("node05 (10.77.0.105) was not ready after 5 s; last seen: " + first_boot.AUTH_FAILED)
     assert message.endswith("(debian@10.77.0.105: Permission denied (publickey).)")
+
+
+def test_the_timeline_keeps_all_of_an_attempt_nothing_recognises():
+    assert first_boot.detail(first_boot.UNKNOWN, 255, "", "") == "exit 255; stdout: (none); stderr: (none)"
+    assert first_boot.detail(first_boot.UNKNOWN, 1, "\n", "sudo: no tty\n") == (
+        "exit 1; stdout: (none); stderr: sudo: no tty")
+    assert first_boot.detail(first_boot.REFUSED, 255, "", "Connection refused") == "Connection refused"
+    assert first_boot.detail(first_boot.READY, 0, "status: done\n", "") == "status: done\n"
