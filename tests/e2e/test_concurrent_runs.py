@@ -17,7 +17,7 @@ import time
 
 import pytest
 from cryptography import x509
-from helpers import REPO, ansible_env
+from helpers import BIN, REPO, ansible_env
 from onboard_e2e import INVENTORY, Controller, lab_engine, lab_with_own_vms
 from pve_vm_e2e import lab_is_up
 from registry_check import violations
@@ -39,7 +39,7 @@ def lab():
 
 
 def playbook_argv(name, extra_vars):
-    return [os.path.join(os.path.dirname(ansible_env()["ANSIBLE_PYTHON_INTERPRETER"]), "ansible-playbook"),
+    return [os.path.join(BIN, "ansible-playbook"),
             "-i", INVENTORY, "llmgw.fleet." + name, "-e", json.dumps(extra_vars)]
 
 

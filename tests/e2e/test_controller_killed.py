@@ -18,7 +18,7 @@ import subprocess
 import time
 
 import pytest
-from helpers import REPO, ansible_env, run_playbook
+from helpers import BIN, REPO, ansible_env, run_playbook
 from onboard_e2e import INVENTORY, Controller, lab_engine, lab_with_own_vms
 from pve_vm_e2e import lab_is_up
 from registry_check import violations
@@ -83,7 +83,7 @@ def kill_at(argv, env, task, delay, timeout=600):
 
 
 def killed_run(playbook, extra_vars, task, delay):
-    argv = [os.path.join(os.path.dirname(ansible_env()["ANSIBLE_PYTHON_INTERPRETER"]), "ansible-playbook"),
+    argv = [os.path.join(BIN, "ansible-playbook"),
             "-i", INVENTORY, "llmgw.fleet." + playbook, "-e", json.dumps(extra_vars)]
     return kill_at(argv, ansible_env(ANSIBLE_STDOUT_CALLBACK="ansible.builtin.default"), task, delay)
 
@@ -150,8 +150,9 @@ def test_place_replica_killed_during_the_launch_then_the_next_run_converges(lab,
         replica = registry.get_replica("ck-one")
     assert replica["state"] == "ready" and len(replica["shards"]) == 1, replica
     assert violations(controller.registry) == []
-    units = controller.ssh(replica["shards"][0]["node"], int(controller.record(
-        replica["shards"][0]["node"])["address"].rsplit(".", 1)[1]),
-        "systemctl list-units --all --plain --no-legend 'llmgw-shard-ck-one-*' | awk '{print $1, $3, $4}'")
+    node = replica["shards"][0]["node"]
+    octets = {name: octet for name, octet, _task, _delay in ADD_NODE_KILLS}
+    units = controller.ssh(node, octets[node], "systemctl list-units --all --plain --no-legend "
+                           "'llmgw-shard-ck-one-*' | awk '{print $1, $3, $4}'")
     assert units.split() == ["llmgw-shard-ck-one-0.service", "active", "running"], units
     RESULTS[-1]["converged"] = True
