@@ -19,6 +19,10 @@ description:
     playbook asks for nothing new; one that lost a node is repaired, moved or failed (action C(repair),
     C(move), C(fail)); anything else is placed (action C(place)).
   - Several terms are solved as one batch (exact for small fleets), not one after the other.
+  - While the ready nodes run more than one engine version (C(upgrade_engine) rolling through the fleet, or a
+    node's C(engine_version) in O(fleet)), a replica's shards all go to nodes of one version. The batch is then
+    solved on the nodes of one version after another (the version with the most ready nodes first), so it is
+    exact within each version, not across them.
   - Invariants the answer never breaks, whatever the input -- all shards of a replica on one fabric, shards only
     on ready nodes, no GPU given twice, exactly the shard count asked for or nothing.
 author:
@@ -149,10 +153,12 @@ class LookupModule(LookupBase):
     def run(self, terms, variables=None, **kwargs):
         self.set_options(var_options=variables, direct=kwargs)
         try:
-            fleet, addresses = self._fleet()
+            fleet, rows = self._fleet()
+            addresses = {n.get("name"): n.get("address") for n in rows}
             requests = [placement.request_from_dict(term) for term in terms]
             strategy = self.get_option("strategy")
-            decisions = fleet_service.solve(fleet, requests, strategy=None if strategy == "auto" else strategy)
+            decisions = fleet_service.solve_on_one_engine(fleet, requests, fleet_service.engine_versions(rows),
+                                                          strategy=None if strategy == "auto" else strategy)
         except (placement.PlacementError, fleet_registry.RegistryError) as exc:
             raise AnsibleLookupError("llmgw.fleet.placement: %s" % exc)
         results = []
@@ -170,12 +176,10 @@ class LookupModule(LookupBase):
         data = self.get_option("fleet")
         if data is not None:
             nodes = data.get("nodes", []) if isinstance(data, dict) else data
-            addresses = {n.get("name"): n.get("address") for n in nodes if isinstance(n, dict)}
-            return placement.fleet_from_data(data), addresses
+            return placement.fleet_from_data(data), [n for n in nodes if isinstance(n, dict)]
         path = fleet_registry.resolve_path(self.get_option("db"))
         if not os.path.exists(path):
             raise AnsibleLookupError("llmgw.fleet.placement: no fleet registry at %s; register nodes with "
                                      "llmgw.fleet.fleet_node or pass fleet=" % path)
         with fleet_registry.FleetRegistry(path, create=False) as registry, registry.snapshot_read():
-            addresses = {n["name"]: n["address"] for n in registry.list_nodes()}
-            return fleet_service.load_fleet(registry), addresses
+            return fleet_service.load_fleet(registry), registry.list_nodes()

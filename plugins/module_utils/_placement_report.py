@@ -251,6 +251,14 @@ def status_lines(nodes: Sequence[Mapping], replicas: Sequence[Mapping]) -> List[
     lines.append("NODES")
     if not nodes:
         lines.append("  (none registered)")
+    versions: Dict[str, int] = {}
+    for node in nodes:
+        if node["state"] == "ready":
+            versions[node.get("engine_version") or "unknown"] = versions.get(node.get("engine_version") or "unknown",
+                                                                             0) + 1
+    if len(versions) > 1:
+        lines.append("engine versions on ready nodes: %s (each replica's shards stay on one version)" % ", ".join(
+            "%s on %d" % (v, versions[v]) for v in sorted(versions)))
     for fabric in sorted(by_fabric):
         members = sorted(by_fabric[fabric], key=lambda n: n["name"])
         ready = [n for n in members if n["state"] == "ready"]

@@ -7,7 +7,9 @@ solver, as :mod:`fleet_service` does for placement.
   still hold their GPUs, on nodes the replica does not use now (so the old and new units never share a node), and
   the old ones stop only once the new replica is Ready and routed. A replica that has no such room is ``refused``;
   with ``allow_downtime`` it is placed again as if its old shards were gone (a ``downtime`` move: stopped first,
-  then placed and launched). Nothing is written when anything is refused.
+  then placed and launched). Nothing is written when anything is refused. While the fleet runs two engine versions
+  (``upgrade_engine`` mid-roll), a replica's new shards all go to nodes of one version
+  (:func:`fleet_service.solve_on_one_engine`), ``prefer_engine`` first.
 * :func:`drain` (I/O): the plan read and recorded in one registry write transaction: the node ``draining`` (no new
   shards), each moved replica's new shards recorded (state ``placing``); the old shards are returned to be stopped.
   A node that holds nothing is left as it is (``maintenance`` stays ``maintenance``).
@@ -40,8 +42,11 @@ def touching(fleet: placement.Fleet, node: str) -> List[placement.Replica]:
     return [r for r in fleet.replicas.values() if any(s.node == node for s in r.shards)]
 
 
-def plan_drain(fleet: placement.Fleet, node: str, allow_downtime: bool = False) -> DrainPlan:
-    """Where each replica on ``node`` goes (see the module docstring). ``fleet`` is the registry's, as is."""
+def plan_drain(fleet: placement.Fleet, node: str, allow_downtime: bool = False,
+               engines: Optional[Mapping[str, Optional[str]]] = None, prefer_engine: Optional[str] = None) -> DrainPlan:
+    """Where each replica on ``node`` goes (see the module docstring). ``fleet`` is the registry's, as is;
+    ``engines`` maps each node to its engine version (all one version when not given)."""
+    engines = engines or {}
     if node not in fleet.nodes:
         raise placement.InvalidRequest("node %s is not in the fleet" % node)
     nodes = [dataclasses.replace(n, state="draining") if n.name == node and n.state == "ready" else n
@@ -50,7 +55,7 @@ def plan_drain(fleet: placement.Fleet, node: str, allow_downtime: bool = False) 
     movers = touching(draining, node)
     successors = [dataclasses.replace(r.as_request(), name=_SUCCESSOR % r.name,
                                       avoid_nodes=r.avoid_nodes | {s.node for s in r.shards}) for r in movers]
-    live = fleet_service.solve(draining, successors) if successors else []
+    live = fleet_service.solve_on_one_engine(draining, successors, engines, prefer_engine) if successors else []
     moves, stuck = [], []
     for replica, decision in zip(movers, live):
         if decision.placed:
@@ -66,7 +71,8 @@ def plan_drain(fleet: placement.Fleet, node: str, allow_downtime: bool = False) 
                                    shards=tuple(placement.Shard(s["rank"], s["node"], tuple(s["gpus"]))
                                                 for s in m["to"]))
                  for m in moves]
-        again = fleet_service.solve(placement.Fleet(nodes, held), [r.as_request() for r, _d in stuck])
+        again = fleet_service.solve_on_one_engine(placement.Fleet(nodes, held), [r.as_request() for r, _d in stuck],
+                                                  engines, prefer_engine)
         for (replica, _first), decision in zip(stuck, again):
             if decision.placed:
                 moves.append(_move(replica.name, "downtime", decision))
@@ -87,7 +93,7 @@ def _refused(name: str, decision: placement.Refusal) -> dict:
 
 
 def drain(registry: fleet_registry.FleetRegistry, node: str, allow_downtime: bool = False,
-          reason: Optional[str] = None) -> dict:
+          reason: Optional[str] = None, prefer_engine: Optional[str] = None) -> dict:
     """Plan the drain of ``node`` and, unless anything is refused, record it in one write transaction.
 
     Returns ``{node, state_before, state, moves, refused, changed}``; each move carries ``from``: the old shards
@@ -102,7 +108,9 @@ def drain(registry: fleet_registry.FleetRegistry, node: str, allow_downtime: boo
                 "node %s is %s: only a ready node is drained (a lost node's replicas are repaired by reconcile, "
                 "a pending one holds nothing)" % (node, record["state"]))
         rows = {r["name"]: r for r in registry.list_replicas()}
-        plan = plan_drain(fleet_service.to_fleet(registry.list_nodes(), rows.values()), node, allow_downtime)
+        nodes = registry.list_nodes()
+        plan = plan_drain(fleet_service.to_fleet(nodes, rows.values()), node, allow_downtime,
+                          fleet_service.engine_versions(nodes), prefer_engine)
         out = dict(plan.to_dict(), state_before=record["state"], state=record["state"], changed=False)
         for move in out["moves"]:
             before = rows[move["replica"]]

@@ -48,6 +48,12 @@ options:
   reason:
     description: Recorded as the node's reason while it drains (for example C(kernel update)).
     type: str
+  prefer_engine_version:
+    description:
+      - While the fleet's nodes run more than one engine version (an engine upgrade rolling through it), a moved
+        replica's shards always go to nodes of one version. This version is tried first (C(upgrade_engine) passes
+        the one it installs, so that a replica moves once). Otherwise the version with the most ready nodes is.
+    type: str
 seealso:
   - module: llmgw.fleet.fleet_node
   - module: llmgw.fleet.fleet_replica
@@ -122,13 +128,15 @@ def main():
             node=dict(type="str", required=True),
             allow_downtime=dict(type="bool", default=False),
             reason=dict(type="str"),
+            prefer_engine_version=dict(type="str"),
             db=dict(type="path"),
         ),
         supports_check_mode=True,
     )
     params = module.params
     path, out = _fleet_module.run(module, lambda registry: drain_service.drain(
-        registry, params["node"], params["allow_downtime"], params["reason"]), create=False)
+        registry, params["node"], params["allow_downtime"], params["reason"], params["prefer_engine_version"]),
+        create=False)
     diff = {"before": {"state": out["state_before"], "moves": {m["replica"]: m["from"] for m in out["moves"]}},
             "after": {"state": out["state"], "moves": {m["replica"]: m["to"] for m in out["moves"]}}}
     if out["refused"]:

@@ -167,7 +167,9 @@ def test_a_refused_placement_is_recorded_failed_with_the_reason(registry):
 
 def test_the_lookup_goes_through_the_one_route():
     source = _read(os.path.dirname(MODULE_UTILS), "lookup", "placement.py")
-    assert "fleet_service.solve(" in source and "placement.decide(" not in source
+    # solve_on_one_engine is solve, once per engine version while the fleet runs two.
+    assert "fleet_service.solve_on_one_engine(" in source and "placement.decide(" not in source
+    assert _read(MODULE_UTILS, "fleet_service.py").count("placement.decide(") == 1
     for module in ("fleet_replica.py", "fleet_reconcile.py", "fleet_node.py"):
         text = _read(os.path.dirname(MODULE_UTILS), "modules", module)
         calls = ("placement.decide(", "placement.place(", "placement.repair(", "registry.place(", "registry.repair(")
@@ -266,3 +268,60 @@ def test_reconcile_refuses_malformed_input():
         reconcile_service.parse_health([{"ok": True}])
     with pytest.raises(RegistryConflict, match=r"unhealthy_after must be at least 1 \(got 0\)"):
         reconcile_service.check_unhealthy_after(0)
+
+
+# -- repairs while an engine upgrade rolls: the survivors' engine version only ------------------------------------
+
+def _mid_roll():
+    """r2 (2 x 1) on n1 (lost) and n2, both on b1. n3 (b2) is the best fit by GPUs (1 free), n4 (b1) has 2 free."""
+    nodes = [placement.Node("n1", "ib-a", 2, state="lost"), placement.Node("n2", "ib-a", 2),
+             placement.Node("n3", "ib-a", 1), placement.Node("n4", "ib-a", 2)]
+    replica = placement.Replica("r2", 2, 1, (placement.Shard(0, "n1", (0,)), placement.Shard(1, "n2", (0,))),
+                                state="ready")
+    return placement.Fleet(nodes, [replica]), {"n1": "b1", "n2": "b1", "n3": "b2", "n4": "b1"}
+
+
+def test_a_repair_mid_roll_stays_on_its_survivors_engine_version():
+    fleet, engines = _mid_roll()
+    plain = fleet_service.solve(fleet, repairs=["r2"], strategy="greedy")[0]
+    assert plain.placed and {s.node for s in plain.new_shards} == {"n3"}, "the plain solver would mix b1 and b2"
+    decision = fleet_service.repair_on_one_engine(fleet, "r2", engines, strategy="greedy")
+    assert decision.placed and decision.action == "repair"
+    assert {engines[s.node] for s in decision.shards} == {"b1"}, decision
+
+
+def test_a_request_for_a_replica_the_fleet_holds_is_repaired_on_its_survivors_version_too():
+    # The placement lookup's route: a term naming a replica with a lost shard.
+    fleet, engines = _mid_roll()
+    (decision,) = fleet_service.solve_on_one_engine(fleet, [fleet.replicas["r2"].as_request()], engines, prefer="b2",
+                                                    strategy="greedy")
+    assert decision.placed and {engines[s.node] for s in decision.shards} == {"b1"}, decision
+
+
+def test_a_repair_with_no_room_on_its_survivors_version_fails_rather_than_mix():
+    fleet, engines = _mid_roll()
+    fleet = placement.Fleet([n for n in fleet.nodes.values() if n.name != "n4"], fleet.replicas.values())
+    decision = fleet_service.repair_on_one_engine(fleet, "r2", engines, strategy="greedy")
+    assert not decision.placed
+    assert "surviving shards' engine version (b1)" in decision.reason, decision.reason
+
+
+def test_a_repair_with_one_engine_version_is_the_plain_solver():
+    fleet, _engines = _mid_roll()
+    same = {n: "b1" for n in fleet.nodes}
+    assert fleet_service.repair_on_one_engine(fleet, "r2", same, "greedy") == fleet_service.solve(
+        fleet, repairs=["r2"], strategy="greedy")[0]
+
+
+def test_fleet_status_says_when_the_ready_nodes_run_two_engine_versions():
+    from ansible_collections.llmgw.fleet.plugins.module_utils import _placement_report
+
+    def node(name, version, state="ready"):
+        return {"name": name, "fabric": "ib-a", "state": state, "gpu_count": 1, "free_gpus": 1,
+                "engine_version": version}
+
+    mixed = _placement_report.status_lines([node("n1", "b1"), node("n2", "b2"), node("n3", "b2"),
+                                            node("n4", "b3", "maintenance")], [])
+    assert "engine versions on ready nodes: b1 on 1, b2 on 2 (each replica's shards stay on one version)" in mixed
+    one = _placement_report.status_lines([node("n1", "b1"), node("n2", "b1"), node("n4", "b3", "maintenance")], [])
+    assert not [line for line in one if line.startswith("engine versions")]

@@ -274,6 +274,11 @@ def test_7_lookup_reads_the_registry_or_a_fleet_passed_in(repaired_db, tmp_path)
             "{{ lookup('llmgw.fleet.placement', {'name': 'r', 'shard_count': 2, 'gpus_per_shard': 8}, fleet={'nodes': ["
             "{'name': 'x1', 'fabric': 'f', 'gpu_count': 8}, "
             "{'name': 'x2', 'fabric': 'f', 'gpus': 8, 'free_gpus': 8}]}) }}")}},
+        {"name": "two engine versions", "ansible.builtin.set_fact": {"answer": (
+            "{{ lookup('llmgw.fleet.placement', {'name': 'r', 'shard_count': 2, 'gpus_per_shard': 8}, fleet={'nodes': ["
+            "{'name': 'x1', 'fabric': 'f', 'gpu_count': 8, 'engine_version': 'b1'}, "
+            "{'name': 'x2', 'fabric': 'f', 'gpu_count': 8, 'engine_version': 'b2'}, "
+            "{'name': 'x3', 'fabric': 'f', 'gpu_count': 8, 'engine_version': 'b2'}]}) }}")}},
         {"name": "refused", "ansible.builtin.set_fact": {"answer": (
             "{{ lookup('llmgw.fleet.placement', {'name': 'big', 'shard_count': 2, 'gpus_per_shard': 8}, "
             "on_refusal='return') }}")}},
@@ -291,6 +296,9 @@ def test_7_lookup_reads_the_registry_or_a_fleet_passed_in(repaired_db, tmp_path)
     assert kept["action"] == "keep" and [s["node"] for s in kept["shards"]] == ["node03", "node04"]
     passed = results["passed in"]["ansible_facts"]["answer"]
     assert passed["fabric"] == "f" and [s["node"] for s in passed["shards"]] == ["x1", "x2"]
+    # Without engine versions, x1 and x2 (the first by name) would do; a replica's shards share one version.
+    two = results["two engine versions"]["ansible_facts"]["answer"]
+    assert [s["node"] for s in two["shards"]] == ["x2", "x3"], two
     refused = results["refused"]["ansible_facts"]["answer"]
     assert not refused["placed"] and "ib-b has 0 of the 2 nodes it needs" in refused["reason"]
     assert results["refusal fails"]["failed"]
