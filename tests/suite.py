@@ -101,7 +101,8 @@ FAULT_ARGS = [os.path.join("tests", "lab", "tests", "test_nodes_boot.py"),
               os.path.join("tests", "e2e", "test_replicas.py"),
               os.path.join("tests", "e2e", "test_controller_killed.py"),
               os.path.join("tests", "e2e", "test_api_faults_add_node.py"),
-              os.path.join("tests", "e2e", "test_concurrent_runs.py")]
+              os.path.join("tests", "e2e", "test_concurrent_runs.py"),
+              os.path.join("tests", "e2e", "test_upgrade_engine.py")]
 
 
 def stage_engine_build():

@@ -52,6 +52,9 @@ def inventory(root, nodes=None, models=None, replicas=None):
     return path
 
 
+UPGRADE = {"fleet_engine_version": "b11435", "fleet_engine_archive": "/srv/llama-b11435-bin-linux-x64.tar.gz",
+           "fleet_engine_archive_sha256": "0" * 64}
+
 # (id, playbook, inventory overrides, extra vars, texts the refusal must contain: the field, the value, the fix)
 PLAYBOOK_ROWS = [
     ("add_node: address without its prefix length", "add_node", {"nodes": {"bi-node01": {
@@ -109,6 +112,15 @@ PLAYBOOK_ROWS = [
     ("drain_node: a node the registry does not hold", "drain_node", {}, {"node": "bi-node09"},
      ["no fleet registry at"]),
     ("undrain_node: no node given", "undrain_node", {}, {}, ["-e node=NAME"]),
+    ("upgrade_engine: no version to roll out", "upgrade_engine", {}, {},
+     ['fleet_engine_version (got "";', "set them in the inventory"]),
+    ("upgrade_engine: a sha256 that is not 64 hex digits", "upgrade_engine", {}, dict(UPGRADE, **{
+        "fleet_engine_archive_sha256": "abc"}), ["fleet_engine_archive_sha256 (64 hex digits; got \"abc\")"]),
+    ("upgrade_engine: no node may be out at once", "upgrade_engine", {}, dict(UPGRADE, max_unavailable=0),
+     ["max_unavailable is a whole number of nodes, 1 or more (got 0)"]),
+    ("upgrade_engine: a canary name with shell characters", "upgrade_engine", {}, dict(UPGRADE, canary="x; reboot"),
+     ['canary a node name (got "x; reboot")']),
+    ("upgrade_engine: a registry that does not exist", "upgrade_engine", {}, UPGRADE, ["no fleet registry at"]),
 ]
 
 
