@@ -15,9 +15,10 @@ passes). In order (the tests share the fleet):
   every node on b11435 (the registry, llama.cpp/current, the engine's own --version), the old version still there
   to go back to, and the registry, read every 0.2 s during the roll, never had a replica with shards on nodes of two
   engine versions;
-* a second run changes nothing;
-* (heavy, `make faults`) a failure mid-roll (b11437, which up-node03 cannot take) stops the roll there: the nodes before it on b11437,
-  up-node03 draining and empty on its old engine, up-node04 untouched; a second run, the cause removed, carries on.
+* a second run changes nothing, and a node in maintenance is left out of a roll and named;
+* (heavy, `make faults`) a failure mid-roll (b11437, which up-node03 cannot take) stops the roll there: the nodes
+  before it on b11437, up-node03 draining and empty on its old engine, up-node04 untouched; a second run, the cause
+  removed, carries on.
 
 The lab is shared: these tests use addresses 10.77.0.222-225 and VM names up-*, keep their registry and known_hosts
 under a temporary directory, and destroy their VMs at the end (unless LLMGW_LAB_KEEP_VMS=1).
@@ -184,7 +185,23 @@ def test_a_second_roll_changes_nothing(fleet):
     run = ok(fleet.play("upgrade_engine.yml", **engine_vars(STATE["stamped"])))
     assert run.changed == 0
     (shown,) = run.results("Show the roll")
-    assert shown["msg"] == "every node is on b11435: nothing to do", shown
+    assert shown["msg"] == "every ready and draining node is on b11435: nothing to do", shown
+
+
+def test_a_node_in_maintenance_is_left_alone_and_named(fleet):
+    empty = sorted(n for n in NODES if not fleet.node(n)["shards"])[0]
+    with FleetRegistry(fleet.db) as registry:
+        registry.put_node(empty, state="maintenance", reasons=["drained: kernel update"])
+    try:
+        later = dict(engine_vars(STATE["stamped"]), fleet_engine_version="b11499")
+        run = ok(fleet.play("upgrade_engine.yml", check=True, **later))
+        (shown,) = run.results("Show the roll")
+        rolled = [n for n in sorted(NODES) if n != empty]
+        assert shown["msg"] == "3 to b11499: canary %s, then %s, 1 at a time; not rolled: %s (maintenance) (roll " \
+            "them once they are ready)" % (rolled[0], ", ".join(rolled[1:]), empty), shown
+    finally:
+        with FleetRegistry(fleet.db) as registry:
+            registry.put_node(empty, state="ready", reasons=[])
 
 
 @pytest.mark.heavy
