@@ -152,8 +152,8 @@ class ProxmoxClient(WriteCalls, TaskCalls):
     # ------------------------------------------------------------------------------------------- raw calls
 
     def _call(self, method, path, **params):
-        """One API call, its failure typed. A read that meets a transient failure (gateway, connection) is tried
-        again a few times; a write never is, since it may have been done."""
+        """One API call, its failure typed. A read that meets a transient failure (gateway, connection, an answer
+        slower than the timeout) is tried again a few times; a write never is, since it may have been done."""
         attempts = GET_ATTEMPTS if method == "get" else 1
         for attempt in range(1, attempts + 1):
             try:
@@ -162,7 +162,7 @@ class ProxmoxClient(WriteCalls, TaskCalls):
                 typed = _translate(exc, "%s /%s" % (method.upper(), path))
                 if typed is None:
                     raise
-                transient = isinstance(typed, ConnectionFailed) or typed.status in TRANSIENT_STATUS
+                transient = isinstance(typed, (ConnectionFailed, Timeout)) or typed.status in TRANSIENT_STATUS
                 if transient and method != "get" and not isinstance(typed, TLSVerificationFailed):
                     typed.message = ("%s /%s: %s; not repeated, since it may have been done: run again, and the "
                                      "run reads what is there first" % (method.upper(), path, typed.message))

@@ -7,14 +7,20 @@ add_node run of a new node, then one ordinary run that must converge.
   request (never repeated: it may have been done), no VM of that name exists, the node is not ready; the next run
   makes it ready;
 * the clone task ending in ``TASK ERROR``: the run fails with PVE's own words for the task; no VM is left; the next
-  run makes it ready.
+  run makes it ready;
+* the guest list (a read) answered slower than the client's timeout (3 s here), twice: tried again, the run goes on
+  to ready;
+* the clone (a write) answered slower than the timeout, and done by the API all the same: the run fails at once,
+  saying it did not repeat it; the lab saw one clone request; once the late clone's VM is there, the next run finds
+  it and makes it ready, with one clone request in all and one VM of that name.
 
 The test prints ``N faults, N failed or retried as they should, N converged``. Heavy (``make faults``): about six
-minutes. Nodes af-node01..03 at 10.77.0.216-218; VMs af-* (VMIDs 1216-1218) destroyed before and after.
+minutes. Nodes af-node01..05 at 10.77.0.216-220; VMs af-* (VMIDs 1216-1220) destroyed before and after.
 """
 
 import os
 import re
+import time
 
 import pytest
 import requests
@@ -26,7 +32,7 @@ from registry_check import violations
 pytestmark = [pytest.mark.heavy,
               pytest.mark.skipif(not lab_is_up(), reason="the lab is not up (make lab-up)")]
 
-PREFIX, OWN_VMIDS = "af-", range(1216, 1219)
+PREFIX, OWN_VMIDS = "af-", range(1216, 1221)
 OPTIONS = {"fabric": "ib-a", "gpus": 2, "gpu_type": "sim"}
 SERVER_LOG = os.path.join(REPO, ".lab", "api", "server.log")
 RESULTS = []
@@ -153,3 +159,52 @@ def test_a_clone_task_that_ends_in_error_fails_the_run_with_its_words(lab, contr
     assert lab.vm(node) is None
     row["as_it_should"], row["seen"] = True, "failed with the task's words"
     converge(lab, controller, node, octet, row)
+
+
+def slow_client(lab, seconds=3):
+    """fleet_proxmox with the lab's connection and an HTTP timeout of ``seconds`` (api_timeout)."""
+    return {"fleet_proxmox": {"api_host": lab.data["api_host"], "api_port": lab.data["api_port"],
+                              "api_token_id": lab.data["api_token_id"],
+                              "api_token_secret": lab.data["api_token_secret"], "ca_path": lab.data["ca_cert"],
+                              "api_timeout": seconds}}
+
+
+def test_reads_slower_than_the_timeout_are_tried_again_and_the_run_goes_on(lab, controller, faults):
+    node, octet = "af-node04", 219
+    row = new_row("GET /cluster/resources slower than the 3 s timeout, twice")
+    start = log_offset()
+    faults({"slow_requests": 2, "delay": 5, "method": "GET", "path": "/cluster/resources"})
+    run = run_playbook("llmgw.fleet.add_node", controller.extra_vars(node, octet, **OPTIONS, **slow_client(lab)),
+                       inventory=INVENTORY)
+    assert not run.failed, failure_text(run)
+    assert Faults(lab).call("GET", None)["slow_requests"] == 0
+    reads = [entry for entry in log_from(start) if entry[1] == "GET" and entry[2].startswith("/cluster/resources")]
+    assert len(reads) >= 3, reads
+    row["as_it_should"], row["seen"] = True, "retried, ready"
+    converge(lab, controller, node, octet, row)
+
+
+def test_a_write_slower_than_the_timeout_fails_at_once_and_the_next_run_finds_what_it_did(lab, controller, faults):
+    node, octet = "af-node05", 220
+    row = new_row("POST .../clone slower than the 3 s timeout, done late")
+    clone_path = "/nodes/%s/qemu/%s/clone" % (lab.node, lab.data["template_vmid"])
+    start = log_offset()
+    faults({"slow_requests": 1, "delay": 5, "method": "POST", "path": clone_path})
+    run = run_playbook("llmgw.fleet.add_node", controller.extra_vars(node, octet, **OPTIONS, **slow_client(lab)),
+                       inventory=INVENTORY)
+    assert run.failed
+    text = failure_text(run)
+    assert re.search(r"POST %s: the Proxmox API did not answer .* in time: .*; not repeated, since it may have been "
+                     r"done" % re.escape(clone_path), text), text
+    clones = [entry for entry in log_from(start) if entry[1] == "POST" and entry[2] == clone_path]
+    assert len(clones) <= 1, clones  # the late one is logged once it is answered
+    # The API did the write all the same: its VM appears. (A run started before that tries its own clone, which PVE
+    # refuses since the VMID, the address's, is taken: one run of this row saw that, and converged all the same.)
+    deadline = time.monotonic() + 60
+    while lab.vm(node) is None:
+        assert time.monotonic() < deadline, "the late clone never made its VM"
+        time.sleep(0.5)
+    row["as_it_should"], row["seen"] = True, "failed at once, 1 clone request, done late"
+    converge(lab, controller, node, octet, row)
+    clones = [entry for entry in log_from(start) if entry[1] == "POST" and entry[2] == clone_path]
+    assert clones == [(200, "POST", clone_path)], clones

@@ -171,6 +171,8 @@ class Faults:
                 off["fail_requests"] = True
             if "task_delay" in payload:
                 off["task_delay"] = True
+            if "slow_requests" in payload:
+                off["slow_requests"] = True
             if off:
                 self._call("DELETE", off)
         for vmid in self.locked:

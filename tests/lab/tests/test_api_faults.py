@@ -1,4 +1,6 @@
-"""Fault injection through /lab/faults: failing tasks, 5xx answers, slow tasks."""
+"""Fault injection through /lab/faults: failing tasks, 5xx answers, slow answers, slow tasks."""
+
+import time
 
 import pytest
 import requests
@@ -40,6 +42,27 @@ def test_the_next_requests_answer_5xx(node, conn, http, faults, vms):
         node.qemu(vmid).status.current.get()
     assert (caught.value.status_code, caught.value.content) == (503, "lab outage")
     assert node.qemu(vmid).status.current.get()["status"] == "stopped"
+
+
+def test_the_next_requests_answer_slowly_and_are_done_all_the_same(node, conn, http, faults, vms):
+    vmid = vms.create(name="slowpoke")
+    path = "/nodes/%s/qemu/%d/config" % (conn["pve_node"], vmid)
+    faults.set(slow_requests=1, delay=3, method="POST", path=path)
+    assert http.api("GET", path).status_code == 200  # a GET is not counted against the slow POST
+    started = time.monotonic()
+    with pytest.raises(requests.exceptions.ReadTimeout):
+        requests.post(http.base + "/api2/json" + path, headers=http.token_headers(), data={"description": "late"},
+                      verify=conn["ca_cert"], timeout=1)
+    # The client gave up after 1 s; the lab handles the write after 3 s all the same, as a slow PVE would.
+    deadline = time.monotonic() + 10
+    while node.qemu(vmid).config.get().get("description") != "late":
+        assert time.monotonic() < deadline, "the slow write was never done"
+        time.sleep(0.2)
+    assert time.monotonic() - started >= 2.5
+    assert faults.state()["slow_requests"] == 0
+    fast = time.monotonic()
+    node.qemu(vmid).config.post(description="on time")
+    assert time.monotonic() - fast < 2
 
 
 def test_faults_refuse_what_they_do_not_understand(conn):

@@ -5,6 +5,9 @@
   task type;
 - 5xx answers: the next N requests to /api2 (optionally only those whose path starts with a prefix, such as
   `/nodes/pve/qemu/123`) answer with the given status and message;
+- slow answers: the next N requests to /api2 (optionally of one method, and only those whose path starts with a
+  prefix) wait the given seconds before they are handled, and are then handled all the same: a client that gave
+  up meanwhile does not know whether a write was done, as with a PVE that answers slower than its timeout;
 - slow tasks: every task waits N seconds (holding its locks) before it works;
 - a VM lock: handled by the server, which sets the `lock` key of the VM's config as `qm set --lock` would.
 """
@@ -33,12 +36,18 @@ class Faults:
         self.request_message = "injected fault"
         self.request_path = ""
         self.task_delay = 0.0
+        self.slow_requests = 0
+        self.slow_delay = 0.0
+        self.slow_method = ""
+        self.slow_path = ""
 
     def snapshot(self) -> Dict[str, object]:
         with self._lock:
             return {"task_failures": list(self.task_failures), "request_failures": self.request_failures,
                     "request_status": self.request_status, "request_message": self.request_message,
-                    "request_path": self.request_path, "task_delay": self.task_delay}
+                    "request_path": self.request_path, "task_delay": self.task_delay,
+                    "slow_requests": self.slow_requests, "slow_delay": self.slow_delay,
+                    "slow_method": self.slow_method, "slow_path": self.slow_path}
 
     def update(self, payload: Dict[str, object]) -> None:
         with self._lock:
@@ -51,6 +60,11 @@ class Faults:
                     raise FaultError("status must be a 5xx code")
                 self.request_message = str(payload.get("message", "injected fault"))
                 self.request_path = str(payload.get("path", ""))
+            if "slow_requests" in payload:
+                self.slow_requests = _non_negative_int(payload["slow_requests"], "slow_requests")
+                self.slow_delay = _seconds(payload.get("delay", 0), "delay")
+                self.slow_method = str(payload.get("method", "")).upper()
+                self.slow_path = str(payload.get("path", ""))
             if "task_delay" in payload:
                 try:
                     self.task_delay = max(0.0, float(payload["task_delay"]))  # type: ignore[arg-type]
@@ -78,6 +92,8 @@ class Faults:
                 self.request_failures = 0
             if payload.get("task_delay"):
                 self.task_delay = 0.0
+            if payload.get("slow_requests"):
+                self.slow_requests = 0
 
     def take_request_failure(self, path: str) -> Optional[Tuple[int, str]]:
         with self._lock:
@@ -85,6 +101,27 @@ class Faults:
                 return None
             self.request_failures -= 1
             return self.request_status, self.request_message
+
+
+    def take_request_delay(self, method: str, path: str) -> float:
+        """Seconds to wait before handling this request (0 for none); counts it against ``slow_requests``."""
+        with self._lock:
+            if self.slow_requests <= 0 or not path.startswith(self.slow_path):
+                return 0.0
+            if self.slow_method and method.upper() != self.slow_method:
+                return 0.0
+            self.slow_requests -= 1
+            return self.slow_delay
+
+
+def _seconds(value: object, name: str) -> float:
+    try:
+        seconds = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise FaultError("%s must be a number of seconds" % name)
+    if not 0 <= seconds <= 600:
+        raise FaultError("%s must be between 0 and 600 seconds" % name)
+    return seconds
 
 
 def _task_failure(value: object) -> Dict[str, object]:

@@ -5,11 +5,14 @@
 - `POST /lab/faults` (JSON), any of:
   `{"fail_next_task": "text"}` or `{"fail_next_task": {"message": "text", "type": "qmstart", "vmid": 101}}`,
   `{"fail_requests": N, "status": 503, "message": "text", "path": "/nodes/pve/qemu/123"}`, `{"task_delay": 2.5}`,
+  `{"slow_requests": N, "delay": 5, "method": "POST", "path": "/nodes/pve/qemu/9000/clone"}` (answered after the
+  delay, and handled all the same),
   `{"lock": {"vmid": 101, "lock": "backup"}}` (a `lock` of null removes the VM's lock),
   `{"hold_config_lock": {"vmid": 101, "seconds": 3}}` (holds the VM's config file lock exclusively for that long,
   as a long `qm set`, a clone of the running VM or a migration would; answers once the lock is held).
 - `DELETE /lab/faults`: switches every fault off (VM locks stay until removed, as they would on PVE); with a
-  JSON body only what it names: `{"fail_next_task": "text", "fail_requests": true, "task_delay": true}` (the lab
+  JSON body only what it names: `{"fail_next_task": "text", "fail_requests": true, "task_delay": true,
+  "slow_requests": true}` (the lab
   may serve several clients at once, each cleaning up its own faults).
 """
 

@@ -123,8 +123,11 @@ class Handler(BaseHTTPRequestHandler):
         if close or status >= 300:  # pve-proxy does not keep a connection alive after an error
             self.send_header("Connection", "close")
             self.close_connection = True
-        self.end_headers()
-        self.wfile.write(body)
+        try:
+            self.end_headers()
+            self.wfile.write(body)
+        except (ConnectionError, ssl.SSLError) as err:
+            raise ClientGone(str(err))
 
     def _handle(self, method: str) -> None:
         url = urlsplit(self.path)
@@ -160,6 +163,11 @@ class Handler(BaseHTTPRequestHandler):
                 if err.errors:
                     payload["errors"] = err.errors
             self._send(err.status, err.reason, payload)
+        except ClientGone as err:
+            # The client left before its answer was written (it timed out): the request was handled all the same,
+            # and there is nobody to send a 500 to. Logged once, as handled, not a second time as a failure.
+            LOG.info("%s %s: the client left before its answer was sent: %s", method, rel, err)
+            self.close_connection = True
         except Exception as err:  # an unexpected failure is a 500 with its text, as an uncaught `die` would be
             LOG.error("%s %s failed: %s", method, rel, traceback.format_exc())
             self._send(500, str(err).splitlines()[0] if str(err) else "internal error",
@@ -171,6 +179,9 @@ class Handler(BaseHTTPRequestHandler):
         injected = self.app.faults.take_request_failure(rel)
         if injected is not None:
             raise ApiError(injected[0], injected[1])
+        delay = self.app.faults.take_request_delay(method, rel)
+        if delay:
+            time.sleep(delay)
         try:
             params = parse_params(query, body, headers.get("content-type", ""))
         except (ValueError, UnicodeDecodeError) as err:
@@ -180,6 +191,10 @@ class Handler(BaseHTTPRequestHandler):
         if hasattr(data, "total"):
             payload["total"] = data.total  # type: ignore[attr-defined]
         self._send(200, "OK", payload)
+
+
+class ClientGone(ConnectionError):
+    """The client closed its connection before its answer was written."""
 
 
 class LabServer(ThreadingHTTPServer):

@@ -2,6 +2,7 @@
 (tests/e2e/test_proxmox_client_lab.py)."""
 
 import pytest
+import requests
 from proxmoxer import ResourceException
 
 from ansible_collections.llmgw.fleet.plugins.module_utils import proxmox_errors as errors
@@ -194,6 +195,28 @@ def test_a_read_meeting_a_gateway_error_is_tried_again_and_a_write_never_is():
         "POST /nodes/pve/qemu/9000/clone: HTTP 503: lab outage; not repeated, since it may have been done: run "
         "again, and the run reads what is there first")
     assert caught.value.status == 503
+
+
+def test_an_answer_slower_than_the_timeout_is_tried_again_for_a_read_and_never_for_a_write():
+    slow = requests.exceptions.ReadTimeout("HTTPSConnectionPool(host='pve', port=8006): Read timed out.")
+    slept = []
+    reads = FlakyApi([slow, slow, {"status": "running"}])
+    assert ProxmoxClient(reads, sleep=slept.append).get("nodes/pve/qemu/1105/status/current") == {
+        "status": "running"}
+    assert reads.calls == [("get", "nodes/pve/qemu/1105/status/current")] * 3 and slept == [0.5, 1.0]
+
+    always = FlakyApi([slow] * 3)
+    with pytest.raises(errors.Timeout) as caught:
+        ProxmoxClient(always, sleep=slept.append).get("cluster/resources")
+    assert len(always.calls) == 3 and "did not answer GET /cluster/resources in time" in caught.value.message
+
+    writes = FlakyApi([slow, "UPID:never"])
+    with pytest.raises(errors.Timeout) as caught:
+        ProxmoxClient(writes, sleep=slept.append).post("nodes/pve/qemu/9000/clone", newid=1105)
+    assert writes.calls == [("post", "nodes/pve/qemu/9000/clone")]
+    assert caught.value.message.startswith("POST /nodes/pve/qemu/9000/clone: the Proxmox API did not answer")
+    assert caught.value.message.endswith("; not repeated, since it may have been done: run again, and the run reads "
+                                         "what is there first")
 
 
 def test_a_write_refused_outright_keeps_pve_s_own_words():
