@@ -102,7 +102,6 @@ class Faults:
             self.request_failures -= 1
             return self.request_status, self.request_message
 
-
     def take_request_delay(self, method: str, path: str) -> float:
         """Seconds to wait before handling this request (0 for none); counts it against ``slow_requests``."""
         with self._lock:
