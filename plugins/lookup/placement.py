@@ -153,11 +153,10 @@ class LookupModule(LookupBase):
     def run(self, terms, variables=None, **kwargs):
         self.set_options(var_options=variables, direct=kwargs)
         try:
-            fleet, rows = self._fleet()
-            addresses = {n.get("name"): n.get("address") for n in rows}
+            fleet, addresses = self._fleet()
             requests = [placement.request_from_dict(term) for term in terms]
             strategy = self.get_option("strategy")
-            decisions = fleet_service.solve_on_one_engine(fleet, requests, fleet_service.engine_versions(rows),
+            decisions = fleet_service.solve_on_one_engine(fleet, requests,
                                                           strategy=None if strategy == "auto" else strategy)
         except (placement.PlacementError, fleet_registry.RegistryError) as exc:
             raise AnsibleLookupError("llmgw.fleet.placement: %s" % exc)
@@ -176,10 +175,12 @@ class LookupModule(LookupBase):
         data = self.get_option("fleet")
         if data is not None:
             nodes = data.get("nodes", []) if isinstance(data, dict) else data
-            return placement.fleet_from_data(data), [n for n in nodes if isinstance(n, dict)]
+            addresses = {n.get("name"): n.get("address") for n in nodes if isinstance(n, dict)}
+            return placement.fleet_from_data(data), addresses
         path = fleet_registry.resolve_path(self.get_option("db"))
         if not os.path.exists(path):
             raise AnsibleLookupError("llmgw.fleet.placement: no fleet registry at %s; register nodes with "
                                      "llmgw.fleet.fleet_node or pass fleet=" % path)
         with fleet_registry.FleetRegistry(path, create=False) as registry, registry.snapshot_read():
-            return fleet_service.load_fleet(registry), registry.list_nodes()
+            addresses = {n["name"]: n["address"] for n in registry.list_nodes()}
+            return fleet_service.load_fleet(registry), addresses

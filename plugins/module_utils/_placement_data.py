@@ -106,7 +106,7 @@ def _node_from_dict(data: Mapping, held: set) -> Node:
         reserved = tuple(sorted(set(reserved) | set(available[free:])))
     return Node(name=str(data["name"]), fabric=str(data.get("fabric") or "default"), gpus=gpus,
                 state=data.get("state", data.get("status", "ready")), gpu_type=data.get("gpu_type") or None,
-                reserved=reserved)
+                reserved=reserved, engine_version=data.get("engine_version") or None)
 
 
 def _replica_from_dict(data: Mapping) -> Replica:

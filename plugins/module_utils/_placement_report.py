@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from typing import Dict, List, Mapping, Optional, Sequence
 
@@ -251,11 +252,7 @@ def status_lines(nodes: Sequence[Mapping], replicas: Sequence[Mapping]) -> List[
     lines.append("NODES")
     if not nodes:
         lines.append("  (none registered)")
-    versions: Dict[str, int] = {}
-    for node in nodes:
-        if node["state"] == "ready":
-            versions[node.get("engine_version") or "unknown"] = versions.get(node.get("engine_version") or "unknown",
-                                                                             0) + 1
+    versions = collections.Counter(n.get("engine_version") or "unknown" for n in nodes if n["state"] == "ready")
     if len(versions) > 1:
         lines.append("engine versions on ready nodes: %s (each replica's shards stay on one version)" % ", ".join(
             "%s on %d" % (v, versions[v]) for v in sorted(versions)))

@@ -29,7 +29,8 @@ class InvariantViolation(PlacementError):
 
 @dataclasses.dataclass(frozen=True)
 class Node:
-    """A node as the solver sees it. ``reserved`` GPUs are unusable for reasons outside the fleet."""
+    """A node as the solver sees it. ``reserved`` GPUs are unusable for reasons outside the fleet.
+    ``engine_version`` is read only by :func:`fleet_service.solve_on_one_engine` (the solver ignores it)."""
 
     name: str
     fabric: str
@@ -37,6 +38,7 @@ class Node:
     state: str = "ready"
     gpu_type: Optional[str] = None
     reserved: Tuple[int, ...] = ()
+    engine_version: Optional[str] = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -43,10 +43,8 @@ def touching(fleet: placement.Fleet, node: str) -> List[placement.Replica]:
 
 
 def plan_drain(fleet: placement.Fleet, node: str, allow_downtime: bool = False,
-               engines: Optional[Mapping[str, Optional[str]]] = None, prefer_engine: Optional[str] = None) -> DrainPlan:
-    """Where each replica on ``node`` goes (see the module docstring). ``fleet`` is the registry's, as is;
-    ``engines`` maps each node to its engine version (all one version when not given)."""
-    engines = engines or {}
+               prefer_engine: Optional[str] = None) -> DrainPlan:
+    """Where each replica on ``node`` goes (see the module docstring). ``fleet`` is the registry's, as is."""
     if node not in fleet.nodes:
         raise placement.InvalidRequest("node %s is not in the fleet" % node)
     nodes = [dataclasses.replace(n, state="draining") if n.name == node and n.state == "ready" else n
@@ -55,7 +53,7 @@ def plan_drain(fleet: placement.Fleet, node: str, allow_downtime: bool = False,
     movers = touching(draining, node)
     successors = [dataclasses.replace(r.as_request(), name=_SUCCESSOR % r.name,
                                       avoid_nodes=r.avoid_nodes | {s.node for s in r.shards}) for r in movers]
-    live = fleet_service.solve_on_one_engine(draining, successors, engines, prefer_engine) if successors else []
+    live = fleet_service.solve_on_one_engine(draining, successors, prefer_engine) if successors else []
     moves, stuck = [], []
     for replica, decision in zip(movers, live):
         if decision.placed:
@@ -72,7 +70,7 @@ def plan_drain(fleet: placement.Fleet, node: str, allow_downtime: bool = False,
                                                 for s in m["to"]))
                  for m in moves]
         again = fleet_service.solve_on_one_engine(placement.Fleet(nodes, held), [r.as_request() for r, _d in stuck],
-                                                  engines, prefer_engine)
+                                                  prefer_engine)
         for (replica, _first), decision in zip(stuck, again):
             if decision.placed:
                 moves.append(_move(replica.name, "downtime", decision))
@@ -108,9 +106,8 @@ def drain(registry: fleet_registry.FleetRegistry, node: str, allow_downtime: boo
                 "node %s is %s: only a ready node is drained (a lost node's replicas are repaired by reconcile, "
                 "a pending one holds nothing)" % (node, record["state"]))
         rows = {r["name"]: r for r in registry.list_replicas()}
-        nodes = registry.list_nodes()
-        plan = plan_drain(fleet_service.to_fleet(nodes, rows.values()), node, allow_downtime,
-                          fleet_service.engine_versions(nodes), prefer_engine)
+        plan = plan_drain(fleet_service.to_fleet(registry.list_nodes(), rows.values()), node, allow_downtime,
+                          prefer_engine)
         out = dict(plan.to_dict(), state_before=record["state"], state=record["state"], changed=False)
         for move in out["moves"]:
             before = rows[move["replica"]]

@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from typing import List, Mapping, Optional, Sequence, Tuple
 
@@ -55,28 +56,21 @@ def solve(fleet: placement.Fleet, requests: Sequence[placement.Request] = (), re
     return placement.decide(fleet, requests, strategy=strategy, repairs=repairs)
 
 
-def engine_versions(nodes: Sequence[Mapping]) -> dict:
-    """{node: the engine version the registry records for it (None if unknown)}, from registry rows (or the
-    placement lookup's ``fleet`` nodes)."""
-    return {n.get("name"): n.get("engine_version") for n in nodes}
-
-
-def solve_on_one_engine(fleet: placement.Fleet, requests: Sequence[placement.Request], engines: Mapping,
-                        prefer: Optional[str] = None, strategy: Optional[str] = None) -> List[placement.Decision]:
+def solve_on_one_engine(fleet: placement.Fleet, requests: Sequence[placement.Request], prefer: Optional[str] = None,
+                        strategy: Optional[str] = None) -> List[placement.Decision]:
     """One decision per request, as :func:`solve`, but never a replica with shards on two engine versions.
 
-    With one version among the ready nodes (the usual case) this is :func:`solve`. With more (``engines`` maps each
-    node to its version, mid-way through an engine upgrade), the requests are solved on the ready nodes of one
+    With one version among the ready nodes (the usual case) this is :func:`solve`. With more (each node's
+    ``engine_version``, mid-way through an engine upgrade), the requests are solved on the ready nodes of one
     version at a time, ``prefer`` first, then the version with the most ready nodes: the nodes of the other
     versions are closed to new shards for that pass, and what a pass placed holds its GPUs in the next. A request
     for a replica the fleet holds is solved on its surviving shards' version only. A request no allowed version can
     hold gets the first pass's refusal, which says so.
     """
-    ready = [n.name for n in fleet.nodes.values() if n.state == "ready"]
-    versions = _by_preference({engines.get(n) for n in ready}, ready, engines, prefer)
+    versions = _ready_versions(fleet, prefer)
     if len(versions) <= 1:
         return solve(fleet, requests, strategy=strategy)
-    allowed = [_survivors_version(fleet, r.name, engines) or set(versions) for r in requests]
+    allowed = [_survivors_version(fleet, r.name) or set(versions) for r in requests]
     decisions: List[Optional[placement.Decision]] = [None] * len(requests)
     held = dict(fleet.replicas)
     for version in versions:
@@ -84,7 +78,7 @@ def solve_on_one_engine(fleet: placement.Fleet, requests: Sequence[placement.Req
                    and version in allowed[i]]
         if not pending:
             continue
-        answers = solve(placement.Fleet(_open_only(fleet, engines, version), held.values()),
+        answers = solve(placement.Fleet(_open_only(fleet, version), held.values()),
                         [requests[i] for i in pending], strategy=strategy)
         for i, decision in zip(pending, answers):
             if decision.placed:
@@ -97,22 +91,20 @@ def solve_on_one_engine(fleet: placement.Fleet, requests: Sequence[placement.Req
     return decisions  # type: ignore[return-value]
 
 
-def repair_on_one_engine(fleet: placement.Fleet, name: str, engines: Mapping,
-                         strategy: Optional[str] = None) -> placement.Decision:
+def repair_on_one_engine(fleet: placement.Fleet, name: str, strategy: Optional[str] = None) -> placement.Decision:
     """The repair of ``name``, as :func:`solve`, but never onto nodes of two engine versions.
 
     With one version among the ready nodes this is :func:`solve`. With more, a replica with surviving shards is
     repaired on the nodes of its survivors' version only (in place, or moved whole within that version); one with
     none is placed on one version after another, the version with the most ready nodes first.
     """
-    ready = [n.name for n in fleet.nodes.values() if n.state == "ready"]
-    versions = _by_preference({engines.get(n) for n in ready}, ready, engines)
+    versions = _ready_versions(fleet)
     if len(versions) <= 1:
         return solve(fleet, repairs=[name], strategy=strategy)[0]
-    allowed = _survivors_version(fleet, name, engines) or set(versions)
+    allowed = _survivors_version(fleet, name) or set(versions)
     first = None
     for version in [v for v in versions if v in allowed] or sorted(allowed, key=lambda v: v or ""):
-        decision = solve(placement.Fleet(_open_only(fleet, engines, version), fleet.replicas.values()),
+        decision = solve(placement.Fleet(_open_only(fleet, version), fleet.replicas.values()),
                          repairs=[name], strategy=strategy)[0]
         if decision.placed:
             return decision
@@ -120,22 +112,23 @@ def repair_on_one_engine(fleet: placement.Fleet, name: str, engines: Mapping,
     return dataclasses.replace(first, reason=_one_engine_words(first.reason, allowed))
 
 
-def _by_preference(versions: set, ready: Sequence[str], engines: Mapping, prefer: Optional[str] = None) -> list:
-    return sorted(versions, key=lambda v: (v != prefer, -sum(engines.get(n) == v for n in ready), v or ""))
+def _ready_versions(fleet: placement.Fleet, prefer: Optional[str] = None) -> list:
+    """The engine versions of the ready nodes: ``prefer`` first, then by how many ready nodes run each."""
+    counts = collections.Counter(n.engine_version for n in fleet.nodes.values() if n.state == "ready")
+    return sorted(counts, key=lambda v: (v != prefer, -counts[v], v or ""))
 
 
-def _open_only(fleet: placement.Fleet, engines: Mapping, version: Optional[str]) -> List[placement.Node]:
+def _open_only(fleet: placement.Fleet, version: Optional[str]) -> List[placement.Node]:
     """The fleet's nodes with the ready ones of other engine versions closed to new shards (their shards stay)."""
-    return [dataclasses.replace(n, state="draining") if n.state == "ready" and engines.get(n.name) != version
+    return [dataclasses.replace(n, state="draining") if n.state == "ready" and n.engine_version != version
             else n for n in fleet.nodes.values()]
 
 
-def _survivors_version(fleet: placement.Fleet, name: str, engines: Mapping) -> Optional[set]:
+def _survivors_version(fleet: placement.Fleet, name: str) -> Optional[set]:
     """{the engine version of the replica's live shards}, or None for a new replica or one with none alive."""
     replica = fleet.replicas.get(name)
-    live = [s.node for s in (replica.shards if replica else ())
-            if s.node in fleet.nodes and fleet.nodes[s.node].state in placement.LIVE_NODE_STATES]
-    return {engines.get(n) for n in live} or None
+    return {fleet.nodes[s.node].engine_version for s in (replica.shards if replica else ())
+            if s.node in fleet.nodes and fleet.nodes[s.node].state in placement.LIVE_NODE_STATES} or None
 
 
 def _one_engine_words(reason: str, allowed: set) -> str:
@@ -155,12 +148,10 @@ def place(registry: fleet_registry.FleetRegistry, name: str) -> Tuple[dict, dict
             raise fleet_registry.RegistryNotFound("no replica %s" % name)
         if before["shards"]:
             raise fleet_registry.RegistryConflict("replica %s already holds shards; repair it instead" % name)
-        with registry.snapshot_read():
-            rows = registry.list_nodes()
-            fleet = to_fleet(rows, registry.list_replicas())
+        fleet = load_fleet(registry)
         request = fleet.replicas[name].as_request()
         others = placement.Fleet(fleet.nodes.values(), [r for r in fleet.replicas.values() if r.name != name])
-        decision = solve_on_one_engine(others, [request], engine_versions(rows), strategy=MODULE_STRATEGY)[0]
+        decision = solve_on_one_engine(others, [request], strategy=MODULE_STRATEGY)[0]
         _record(registry, before, decision)
         return decision.to_dict(), before, registry.get_replica(name)
 
@@ -172,10 +163,7 @@ def repair(registry: fleet_registry.FleetRegistry, name: str) -> Tuple[dict, dic
         before = registry.get_replica(name)
         if before is None:
             raise fleet_registry.RegistryNotFound("no replica %s" % name)
-        with registry.snapshot_read():
-            rows = registry.list_nodes()
-            fleet = to_fleet(rows, registry.list_replicas())
-        decision = repair_on_one_engine(fleet, name, engine_versions(rows), strategy=MODULE_STRATEGY)
+        decision = repair_on_one_engine(load_fleet(registry), name, strategy=MODULE_STRATEGY)
         _record(registry, before, decision)
         out = decision.to_dict()
         addresses = {s["node"]: s["address"] for s in before["shards"]}

@@ -2,6 +2,7 @@
 shards and leave both sets' GPUs held; no room refuses everything before a write; allow_downtime places the stuck
 ones as if their old shards were gone; a drained node stays as it is on a second call."""
 
+import dataclasses
 import itertools
 
 import pytest
@@ -138,15 +139,15 @@ def test_a_single_live_move_is_refused_exactly_when_no_room_exists(spare):
 def mixed_fleet():
     """ib-a: node01 (drained) and node02..node05, node02+node03 on the new engine b2, the rest on b1; r2 (2 x 1)
     on node01+node04. Any two of node02,node03,node05 could hold r2's successor by GPUs alone."""
-    nodes = [Node("node0%d" % i, "ib-a", 1) for i in range(1, 6)]
     engines = {"node01": "b1", "node02": "b2", "node03": "b2", "node04": "b1", "node05": "b1"}
+    nodes = [Node(name, "ib-a", 1, engine_version=version) for name, version in sorted(engines.items())]
     return Fleet(nodes, [Replica("r2", 2, 1, (Shard(0, "node01", (0,)), Shard(1, "node04", (0,))))]), engines
 
 
 @pytest.mark.parametrize("prefer", ["b2", None])
 def test_a_moved_replica_gets_nodes_of_one_engine_version_the_preferred_one_first(prefer):
     fleet, engines = mixed_fleet()
-    plan = drain_service.plan_drain(fleet, "node01", engines=engines, prefer_engine=prefer)
+    plan = drain_service.plan_drain(fleet, "node01", prefer_engine=prefer)
     (move,) = plan.moves
     versions = {engines[s["node"]] for s in move["to"]}
     assert len(versions) == 1, move
@@ -161,12 +162,12 @@ def test_no_single_version_with_room_refuses_and_says_why():
     # node03 gone: b2 has one free node (node02) and b1 one (node05): r2's successor needs two of one version.
     fleet, engines = mixed_fleet()
     fleet = Fleet([n for n in fleet.nodes.values() if n.name != "node03"], fleet.replicas.values())
-    plan = drain_service.plan_drain(fleet, "node01", engines=engines)
+    plan = drain_service.plan_drain(fleet, "node01")
     assert not plan.moves
     (refused,) = plan.refused
     assert "one engine version" in refused["reason"] and "b1" in refused["reason"] and "b2" in refused["reason"]
     # Without the rule, node02 + node05 would do.
-    assert drain_service.plan_drain(fleet, "node01").moves
+    assert drain_service.plan_drain(unversioned(fleet), "node01").moves
 
 
 def one_version_room(fleet, engines, request, held):
@@ -187,11 +188,12 @@ def test_solve_on_one_engine_never_mixes_versions_and_refuses_only_when_no_versi
     import random
 
     rnd = random.Random(seed)
-    nodes = [Node("n%02d" % i, rnd.choice(["ib-a", "ib-b"]), rnd.choice([1, 2])) for i in range(rnd.randint(3, 7))]
-    engines = {n.name: rnd.choice(["b1", "b2"]) for n in nodes}
+    nodes = [Node("n%02d" % i, rnd.choice(["ib-a", "ib-b"]), rnd.choice([1, 2]),
+                  engine_version=rnd.choice(["b1", "b2"])) for i in range(rnd.randint(3, 7))]
+    engines = {n.name: n.engine_version for n in nodes}
     fleet = Fleet(nodes, [])
     request = fleet_service.placement.Request("r", rnd.randint(1, 3), 1)
-    (decision,) = fleet_service.solve_on_one_engine(fleet, [request], engines, prefer=rnd.choice(["b1", "b2", None]))
+    (decision,) = fleet_service.solve_on_one_engine(fleet, [request], prefer=rnd.choice(["b1", "b2", None]))
     if decision.placed:
         assert len({engines[s.node] for s in decision.shards}) == 1, decision
     assert decision.placed == one_version_room(fleet, engines, request, held=[])
@@ -199,5 +201,9 @@ def test_solve_on_one_engine_never_mixes_versions_and_refuses_only_when_no_versi
 
 def test_one_engine_version_is_the_plain_solver():
     fleet = lab_fleet()
-    engines = {n: "b1" for n in fleet.nodes}
-    assert drain_service.plan_drain(fleet, "node01", engines=engines) == drain_service.plan_drain(fleet, "node01")
+    one = Fleet([dataclasses.replace(n, engine_version="b1") for n in fleet.nodes.values()], fleet.replicas.values())
+    assert drain_service.plan_drain(one, "node01") == drain_service.plan_drain(fleet, "node01")
+
+
+def unversioned(fleet):
+    return Fleet([dataclasses.replace(n, engine_version=None) for n in fleet.nodes.values()], fleet.replicas.values())

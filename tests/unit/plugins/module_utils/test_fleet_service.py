@@ -3,6 +3,7 @@ the solver (place, repair and the lookup all go through fleet_service.solve), an
 fleet_* modules hand it."""
 
 import ast
+import dataclasses
 import datetime
 import os
 
@@ -274,18 +275,20 @@ def test_reconcile_refuses_malformed_input():
 
 def _mid_roll():
     """r2 (2 x 1) on n1 (lost) and n2, both on b1. n3 (b2) is the best fit by GPUs (1 free), n4 (b1) has 2 free."""
+    engines = {"n1": "b1", "n2": "b1", "n3": "b2", "n4": "b1"}
     nodes = [placement.Node("n1", "ib-a", 2, state="lost"), placement.Node("n2", "ib-a", 2),
              placement.Node("n3", "ib-a", 1), placement.Node("n4", "ib-a", 2)]
+    nodes = [dataclasses.replace(n, engine_version=engines[n.name]) for n in nodes]
     replica = placement.Replica("r2", 2, 1, (placement.Shard(0, "n1", (0,)), placement.Shard(1, "n2", (0,))),
                                 state="ready")
-    return placement.Fleet(nodes, [replica]), {"n1": "b1", "n2": "b1", "n3": "b2", "n4": "b1"}
+    return placement.Fleet(nodes, [replica]), engines
 
 
 def test_a_repair_mid_roll_stays_on_its_survivors_engine_version():
     fleet, engines = _mid_roll()
     plain = fleet_service.solve(fleet, repairs=["r2"], strategy="greedy")[0]
     assert plain.placed and {s.node for s in plain.new_shards} == {"n3"}, "the plain solver would mix b1 and b2"
-    decision = fleet_service.repair_on_one_engine(fleet, "r2", engines, strategy="greedy")
+    decision = fleet_service.repair_on_one_engine(fleet, "r2", strategy="greedy")
     assert decision.placed and decision.action == "repair"
     assert {engines[s.node] for s in decision.shards} == {"b1"}, decision
 
@@ -293,24 +296,25 @@ def test_a_repair_mid_roll_stays_on_its_survivors_engine_version():
 def test_a_request_for_a_replica_the_fleet_holds_is_repaired_on_its_survivors_version_too():
     # The placement lookup's route: a term naming a replica with a lost shard.
     fleet, engines = _mid_roll()
-    (decision,) = fleet_service.solve_on_one_engine(fleet, [fleet.replicas["r2"].as_request()], engines, prefer="b2",
+    (decision,) = fleet_service.solve_on_one_engine(fleet, [fleet.replicas["r2"].as_request()], prefer="b2",
                                                     strategy="greedy")
     assert decision.placed and {engines[s.node] for s in decision.shards} == {"b1"}, decision
 
 
 def test_a_repair_with_no_room_on_its_survivors_version_fails_rather_than_mix():
-    fleet, engines = _mid_roll()
+    fleet, _engines = _mid_roll()
     fleet = placement.Fleet([n for n in fleet.nodes.values() if n.name != "n4"], fleet.replicas.values())
-    decision = fleet_service.repair_on_one_engine(fleet, "r2", engines, strategy="greedy")
+    decision = fleet_service.repair_on_one_engine(fleet, "r2", strategy="greedy")
     assert not decision.placed
     assert "surviving shards' engine version (b1)" in decision.reason, decision.reason
 
 
 def test_a_repair_with_one_engine_version_is_the_plain_solver():
     fleet, _engines = _mid_roll()
-    same = {n: "b1" for n in fleet.nodes}
-    assert fleet_service.repair_on_one_engine(fleet, "r2", same, "greedy") == fleet_service.solve(
-        fleet, repairs=["r2"], strategy="greedy")[0]
+    same = placement.Fleet([dataclasses.replace(n, engine_version="b1") for n in fleet.nodes.values()],
+                           fleet.replicas.values())
+    assert fleet_service.repair_on_one_engine(same, "r2", "greedy") == fleet_service.solve(
+        same, repairs=["r2"], strategy="greedy")[0]
 
 
 def test_fleet_status_says_when_the_ready_nodes_run_two_engine_versions():
