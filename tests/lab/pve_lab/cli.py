@@ -33,6 +33,7 @@ from pve_lab.api.constants import (
     API_PORT,
     BRIDGE,
     DEFAULT_LAB_DIR,
+    FLEET_TOKEN_ID,
     GATEWAY,
     NETWORK,
     NODE,
@@ -69,6 +70,8 @@ def write_connection(paths: LabPaths, kind: str) -> None:
         "api_host": API_HOST, "api_port": API_PORT, "api_url": "https://%s:%d/api2/json" % (API_HOST, API_PORT),
         "api_user": USER, "api_password": creds.password,
         "api_token_id": TOKEN_ID, "api_token_name": TOKEN_NAME, "api_token_secret": creds.token_secret,
+        # Privilege separated, holding only what /lab/acl grants (docs/real-proxmox.md's role by default).
+        "fleet_token_id": FLEET_TOKEN_ID, "fleet_token_secret": creds.fleet_token_secret,
         "ca_cert": paths.ca_cert, "pve_node": NODE, "template_vmid": TEMPLATE_VMID, "template_name": TEMPLATE_NAME,
         "network": NETWORK, "gateway": GATEWAY, "bridge": BRIDGE,
         "ssh_public_key": paths.ssh_public_key, "ssh_private_key": paths.ssh_private_key, "backend": kind,

@@ -10,6 +10,7 @@ from pve_lab.api.auth import Authenticator
 from pve_lab.api.constants import NODE, LabPaths
 from pve_lab.api.errors import config_missing
 from pve_lab.api.faults import Faults
+from pve_lab.api.permissions import Acl
 from pve_lab.api.state import VM, ConfigLocks, LabState
 from pve_lab.api.tasks import TaskRegistry
 
@@ -27,6 +28,7 @@ class App:
             template.seed(self.state)
         self.config_locks = ConfigLocks()
         self.faults = Faults()
+        self.acl = Acl()
         self.tasks = TaskRegistry(NODE, paths.tasks_file, self.faults)
         self.backend = backend
         self.backend_kind = backend_kind

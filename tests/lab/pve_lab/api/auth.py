@@ -15,7 +15,7 @@ import time
 from typing import Dict, Optional
 from urllib.parse import unquote
 
-from pve_lab.api.constants import TOKEN_NAME, USER
+from pve_lab.api.constants import FLEET_TOKEN_NAME, FLEET_USER, TOKEN_NAME, USER
 from pve_lab.api.credentials import Credentials
 from pve_lab.api.errors import ApiError, unauthorized
 
@@ -81,11 +81,14 @@ class Authenticator:
         if not parts:
             raise unauthorized("'%s' is not a valid token ID - not able to split into user and token parts" % tokenid)
         username, token = parts.group(1), parts.group(4)
-        if username != USER:
+        tokens = {USER: (TOKEN_NAME, self._creds.token_secret),
+                  FLEET_USER: (FLEET_TOKEN_NAME, self._creds.fleet_token_secret)}
+        if username not in tokens:
             raise unauthorized("no such user ('%s')" % username)
-        if token != TOKEN_NAME:
+        name, expected = tokens[username]
+        if token != name:
             raise unauthorized("no such token '%s' for user '%s'" % (token, username))
-        if not hmac.compare_digest(secret.encode(), self._creds.token_secret.encode()):
+        if not expected or not hmac.compare_digest(secret.encode(), expected.encode()):
             raise unauthorized("invalid token value!")
         return tokenid
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Dict, List
 
-from pve_lab.api import hostinfo, storage, vm_views
+from pve_lab.api import hostinfo, permissions, storage, vm_views
 from pve_lab.api.app import App
 from pve_lab.api.constants import PVE_VERSION
-from pve_lab.api.errors import fail, param_error
+from pve_lab.api.errors import ApiError, fail, param_error
 from pve_lab.api.router import VMID_PROP, Request, route
 from pve_lab.api.schema import Prop, required
 
@@ -123,6 +123,21 @@ def cluster_status(app: App, p: Dict[str, object], req: Request) -> object:
              "local": 1, "online": 1, "level": ""}]
 
 
+def access_permissions(app: App, p: Dict[str, object], req: Request) -> object:
+    """pve-access-control's GET /access/permissions for the caller itself: {path: {privilege: 1}} at the path
+    asked (every privilege for root@pam and its token), or at each ACL path when none is asked."""
+    if p.get("userid") not in (None, req.user):
+        raise ApiError(403, "Permission check failed (/access, Sys.Audit)")
+    checker = permissions.Checker(app.acl, req.user)
+    paths = [str(p["path"])] if p.get("path") else sorted(app.acl.snapshot()) if checker.restricted else ["/"]
+    result = {}
+    for path in paths:
+        held = app.acl.privileges(path) if checker.restricted else permissions.KNOWN
+        if held:
+            result[path] = {priv: 1 for priv in sorted(held)}
+    return result
+
+
 def nextid(app: App, p: Dict[str, object], req: Request) -> object:
     """The first free VMID (or the asked one, if free), as a string; nothing is reserved."""
     with app.state.lock:
@@ -146,6 +161,7 @@ ROUTES = [
         "otp": Prop(), "path": Prop(max_length=64), "privs": Prop(), "tfa-challenge": Prop(),
         "new-format": Prop(type="boolean")}),
     route("GET", "/access/domains", access_domains),
+    route("GET", "/access/permissions", access_permissions, {"path": Prop(max_length=64), "userid": Prop()}),
     route("GET", "/nodes", nodes),
     route("GET", "/nodes/{node}", node_index),
     route("GET", "/nodes/{node}/version", node_version),

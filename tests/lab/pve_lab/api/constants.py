@@ -11,6 +11,10 @@ NODE = "pve"
 USER = "root@pam"
 TOKEN_NAME = "llmgw"
 TOKEN_ID = "%s!%s" % (USER, TOKEN_NAME)
+# The privilege-separated token, restricted to what the ACL grants (api/permissions.py).
+FLEET_USER = "llmgw@pve"
+FLEET_TOKEN_NAME = "fleet"
+FLEET_TOKEN_ID = "%s!%s" % (FLEET_USER, FLEET_TOKEN_NAME)
 TEMPLATE_VMID = 9000
 TEMPLATE_NAME = "debian12-cloudinit"
 BRIDGE = "vmbr0"  # the bridge name a PVE config uses; the node backend maps it onto its own lab bridge

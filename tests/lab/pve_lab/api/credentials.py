@@ -16,15 +16,20 @@ class Credentials:
     password: str
     token_secret: str
     ticket_key: str
+    fleet_token_secret: str = ""  # llmgw@pve!fleet, the privilege-separated token (api/permissions.py)
 
 
 def load_or_create(paths: LabPaths) -> Credentials:
     """Reads .lab/api/secrets.json, creating it (mode 0600) on first use, so tickets and tokens survive restarts."""
     if os.path.exists(paths.secrets_file):
         with open(paths.secrets_file) as handle:
-            return Credentials(**json.load(handle))
-    creds = Credentials(password=secrets.token_urlsafe(18), token_secret=str(uuid.uuid4()),
-                        ticket_key=secrets.token_hex(32))
+            creds = Credentials(**json.load(handle))
+        if creds.fleet_token_secret:
+            return creds
+        creds = Credentials(**{**asdict(creds), "fleet_token_secret": str(uuid.uuid4())})  # a lab made before it
+    else:
+        creds = Credentials(password=secrets.token_urlsafe(18), token_secret=str(uuid.uuid4()),
+                            ticket_key=secrets.token_hex(32), fleet_token_secret=str(uuid.uuid4()))
     os.makedirs(paths.api_dir, exist_ok=True)
     fd = os.open(paths.secrets_file + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as handle:

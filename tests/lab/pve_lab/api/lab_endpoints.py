@@ -10,6 +10,9 @@
   `{"lock": {"vmid": 101, "lock": "backup"}}` (a `lock` of null removes the VM's lock),
   `{"hold_config_lock": {"vmid": 101, "seconds": 3}}` (holds the VM's config file lock exclusively for that long,
   as a long `qm set`, a clone of the running VM or a migration would; answers once the lock is held).
+- `GET /lab/acl`: the grants of the privilege-separated token `llmgw@pve!fleet` (api/permissions.py);
+  `POST /lab/acl` `{"grants": {"/": ["VM.Audit", ...], "/storage/local-lvm": [...]}}` replaces them;
+  `DELETE /lab/acl` restores the default (docs/real-proxmox.md's LLMGWFleet role on `/`).
 - `DELETE /lab/faults`: switches every fault off (VM locks stay until removed, as they would on PVE); with a
   JSON body only what it names: `{"fail_next_task": "text", "fail_requests": true, "task_delay": true,
   "slow_requests": true}` (the lab
@@ -35,6 +38,8 @@ def handle(app: App, method: str, path: str, body: bytes) -> Answer:
     if path == "/lab/info" and method == "GET":
         return 200, {"data": {"backend": app.backend_kind, "node": app.node, "pid": os.getpid(),
                               "lab_dir": app.paths.lab_dir}}
+    if path == "/lab/acl":
+        return _acl(app, method, body)
     if path != "/lab/faults":
         return 404, {"message": "no such lab endpoint"}
     if method == "GET":
@@ -63,6 +68,20 @@ def handle(app: App, method: str, path: str, body: bytes) -> Answer:
     except (ValueError, FaultError) as err:
         return 400, {"message": str(err)}
     return 200, {"data": app.faults.snapshot()}
+
+
+def _acl(app: App, method: str, body: bytes) -> Answer:
+    if method == "DELETE":
+        app.acl.reset()
+    elif method == "POST":
+        try:
+            payload = json.loads(body or b"{}")
+            app.acl.replace(payload.get("grants") if isinstance(payload, dict) else None)
+        except ValueError as err:
+            return 400, {"message": str(err)}
+    elif method != "GET":
+        return 405, {"message": "method not allowed"}
+    return 200, {"data": app.acl.snapshot()}
 
 
 def _set_lock(app: App, spec: object) -> None:

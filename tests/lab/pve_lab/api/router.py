@@ -10,6 +10,7 @@ import re
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence
 
+from pve_lab.api import permissions
 from pve_lab.api.errors import ApiError, fail, param_error
 from pve_lab.api.schema import ParamValue, Prop, node_format, required, validate, vmid_format
 
@@ -88,5 +89,7 @@ class Router:
             values = dict(req.params)
             values.update(path_vars)
             params = validate(values, candidate.props, candidate.additional)
-            return candidate.handler(app, params, req)
+            permissions.enforce(app, req.method, candidate.template, params, req.user)
+            result = candidate.handler(app, params, req)
+            return permissions.visible(app, req.method, candidate.template, req.user, result)
         raise ApiError(501, "Method '%s %s' not implemented" % (req.method, req.path))
