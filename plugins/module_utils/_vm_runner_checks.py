@@ -1,24 +1,45 @@
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 """The checks of ``llmgw.fleet.pve_vm`` before its first write: which VM the request names (and the VMID it asks
-for), the template to clone from, the node a new VM goes to, a VMID or address another guest holds, a slow CPU, and
-a VM that stays locked. Each refusal is a :class:`VMRefused` (a slow CPU: vm_plan's :class:`PlanError`) decided
-from reads only, so a refused run changes nothing.
+for), the template to clone from, the node a new VM goes to, a VMID or address another guest holds, a slow CPU, a
+VM that stays locked, and a privilege the API token lacks. Each refusal is a :class:`VMRefused` (a slow CPU:
+vm_plan's :class:`PlanError`) decided from reads only, so a refused run changes nothing.
 
 Private to :mod:`pve_vm_runner` (which re-exports :class:`VMRefused`): :class:`VMChecks` is a part of
 :class:`pve_vm_runner.VMRunner`. It does I/O: reads through the Proxmox client (``vm_config``, ``nodes``,
-``wait_unlocked``), never a write.
+``wait_unlocked``, ``privileges``), never a write.
 """
 
 from __future__ import annotations
 
+from ansible_collections.llmgw.fleet.plugins.module_utils._vm_privileges import missing, refusal
 from ansible_collections.llmgw.fleet.plugins.module_utils.proxmox_client import match_vms
-from ansible_collections.llmgw.fleet.plugins.module_utils.proxmox_errors import Locked, NotFound
+from ansible_collections.llmgw.fleet.plugins.module_utils.proxmox_errors import Locked, NotFound, ProxmoxError
 from ansible_collections.llmgw.fleet.plugins.module_utils.vm_plan import (
     address_of,
     check_cpu,
     derive_vmid,
     parse_address,
     same_host_ip,
+)
+
+# What to do about a lock that outlasted the wait, by its reason (qemu-server's `lock` values). Only a 'clone' or
+# 'create' lock that never clears means a VM half-made; the others belong to work the VM is still doing.
+LOCK_ADVICE = {
+    "backup": "A backup (vzdump) of it is running: let it finish, then run again; never 'qm unlock' a VM whose "
+              "backup runs (see the node's task log for the vzdump task; a backup that died leaves the lock: only "
+              "then, qm unlock %(vmid)s)",
+    "migrate": "It is being migrated: let the migration finish, then run again (after a failed migration, check "
+               "where its disks are before 'qm unlock %(vmid)s')",
+    "snapshot": "A snapshot of it is being taken: let the task finish, then run again",
+    "snapshot-delete": "A snapshot of it is being removed: let the task finish, then run again",
+    "rollback": "It is being rolled back to a snapshot: let the task finish, then run again",
+    "suspending": "It is being hibernated: let the task finish; then 'qm resume %(vmid)s' (or start it) and run "
+                  "again",
+    "suspended": "It is hibernated: 'qm resume %(vmid)s' (or start it from the GUI), then run again",
+}
+HALF_MADE_ADVICE = (
+    "A 'clone' or 'create' lock that never clears is a VM half-made by an interrupted run: check the node's task "
+    "log; if no task is running for it, remove it (qm unlock %(vmid)s && qm destroy %(vmid)s --purge) and run again"
 )
 
 
@@ -150,6 +171,24 @@ class VMChecks:
             "changed." % (len(nodes), ", ".join(nodes), self.req.name)
         )
 
+    def _require(self, needs):
+        """Refuse before the first write when the token lacks a privilege the change needs: PVE would refuse
+        the call itself, but only once the run got there (after the clone, say). A server that does not say what
+        the token holds is left to check each call itself, with a warning."""
+        held = {}
+        for path in sorted(set(need.path for need in needs)):
+            try:
+                held[path] = self.client.privileges(path)
+            except ProxmoxError as exc:
+                self.warnings.append(
+                    "%s: the privileges of the API token could not be read (%s); Proxmox checks each call instead"
+                    % (self.req.name, exc)
+                )
+                return
+        lacking = missing(needs, held)
+        if lacking:
+            raise VMRefused(refusal(self.req.name, lacking))
+
     def _unlocked_config(self, vm):
         config = self.client.vm_config(vm["node"], vm["vmid"])
         if not config.get("lock"):
@@ -157,10 +196,8 @@ class VMChecks:
         try:
             return self.client.wait_unlocked(vm["node"], vm["vmid"], self.req.timeout)
         except Locked as exc:
+            advice = LOCK_ADVICE.get(exc.reason, HALF_MADE_ADVICE) % {"vmid": vm["vmid"]}
             raise VMRefused(
-                "VM %r (VMID %s on node %s) is still locked (%s) after %ss: %s. Nothing was changed. A 'clone' or "
-                "'create' lock that never clears is a VM half-made by an interrupted run: check the node's task "
-                "log; if no task is running for it, remove it (qm unlock %s && qm destroy %s --purge) and run "
-                "again."
-                % (self.req.name, vm["vmid"], vm["node"], exc.reason, self.req.timeout, exc, vm["vmid"], vm["vmid"])
+                "VM %r (VMID %s on node %s) is still locked (%s) after %ss: %s. Nothing was changed. %s."
+                % (self.req.name, vm["vmid"], vm["node"], exc.reason, self.req.timeout, exc, advice)
             )

@@ -51,6 +51,7 @@ from ansible_collections.llmgw.fleet.plugins.module_utils.proxmox_errors import 
     ConnectionFailed,
     Locked,
     NotFound,
+    PermissionDenied,
     ProxmoxError,
     Timeout,
     TLSVerificationFailed,
@@ -151,37 +152,40 @@ class ProxmoxClient(WriteCalls, TaskCalls):
 
     # ------------------------------------------------------------------------------------------- raw calls
 
-    def _call(self, method, path, **params):
+    def _call(self, method, resource, **params):
         """One API call, its failure typed. A read that meets a transient failure (gateway, connection, an answer
         slower than the timeout) is tried again a few times; a write never is, since it may have been done."""
         attempts = GET_ATTEMPTS if method == "get" else 1
         for attempt in range(1, attempts + 1):
             try:
-                return getattr(self._api(path), method)(**params)
+                return getattr(self._api(resource), method)(**params)
             except Exception as exc:
-                typed = _translate(exc, "%s /%s" % (method.upper(), path))
+                typed = _translate(exc, "%s /%s" % (method.upper(), resource))
                 if typed is None:
                     raise
+                if isinstance(typed, PermissionDenied):  # which call was refused tells what to grant
+                    typed.message = "%s /%s: %s" % (method.upper(), resource, typed.message)
+                    typed.args = (typed.message,)
                 transient = isinstance(typed, (ConnectionFailed, Timeout)) or typed.status in TRANSIENT_STATUS
                 if transient and method != "get" and not isinstance(typed, TLSVerificationFailed):
                     typed.message = ("%s /%s: %s; not repeated, since it may have been done: run again, and the "
-                                     "run reads what is there first" % (method.upper(), path, typed.message))
+                                     "run reads what is there first" % (method.upper(), resource, typed.message))
                     typed.args = (typed.message,)
                 if not transient or isinstance(typed, TLSVerificationFailed) or attempt == attempts:
                     raise typed
                 self._sleep(0.5 * attempt)
 
-    def get(self, path, **params):
-        return self._call("get", path, **params)
+    def get(self, resource, **params):
+        return self._call("get", resource, **params)
 
-    def post(self, path, **params):
-        return self._call("post", path, **params)
+    def post(self, resource, **params):
+        return self._call("post", resource, **params)
 
-    def put(self, path, **params):
-        return self._call("put", path, **params)
+    def put(self, resource, **params):
+        return self._call("put", resource, **params)
 
-    def delete(self, path, **params):
-        return self._call("delete", path, **params)
+    def delete(self, resource, **params):
+        return self._call("delete", resource, **params)
 
     # --------------------------------------------------------------------------------------------- cluster
 
@@ -212,6 +216,11 @@ class ProxmoxClient(WriteCalls, TaskCalls):
     def next_free_id(self):
         """The first free VMID of the datacenter's next-id range (PVE returns it as a string)."""
         return int(self.get("cluster/nextid"))
+
+    def privileges(self, path):
+        """The privileges the caller (the token, or the user) holds on ACL ``path``: a set of names."""
+        held = self.get("access/permissions", path=path) or {}
+        return set((held.get(path) or {}).keys())
 
     # ---------------------------------------------------------------------------------------------- one VM
 

@@ -36,7 +36,13 @@ class AuthError(ProxmoxError):
 
 
 class PermissionDenied(ProxmoxError):
-    """Authenticated, but the user or token lacks a privilege (403)."""
+    """Authenticated, but the user or token lacks a privilege (403). ``acl_path`` and ``privileges`` are what
+    PVE named ("Permission check failed (PATH, A|B)"), where it named them."""
+
+    def __init__(self, message, status=None, reason=None, errors=None, acl_path=None, privileges=()):
+        super().__init__(message, status=status, reason=reason, errors=errors)
+        self.acl_path = acl_path
+        self.privileges = tuple(privileges)
 
 
 class NotFound(ProxmoxError):
@@ -130,7 +136,24 @@ def classify(status, reason, errors=None):
         cls = ConnectionFailed
     else:
         cls = ProxmoxError
+    if cls is PermissionDenied:
+        return _permission_denied(message, status, reason, errors)
     return cls(message, status=status, reason=reason, errors=errors)
+
+
+_PERMISSION_CHECK = re.compile(r"Permission check failed \((/[^,)]*), ([^)]+)\)")
+
+
+def _permission_denied(message, status, reason, errors):
+    """PVE's 403, with what to grant where it names the privilege."""
+    match = _PERMISSION_CHECK.search(reason or "")
+    if not match:
+        return PermissionDenied(message, status=status, reason=reason, errors=errors)
+    path, privileges = match.group(1), tuple(match.group(2).split("|"))
+    message = ("%s; the API token (or user) lacks %s on %s: grant it (docs/real-proxmox.md, step 3: the LLMGWFleet "
+               "role), then run again" % (message, " or ".join(privileges), path))
+    return PermissionDenied(message, status=status, reason=reason, errors=errors, acl_path=path,
+                            privileges=privileges)
 
 
 class AgentNotConfigured(ProxmoxError):

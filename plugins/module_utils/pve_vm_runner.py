@@ -10,6 +10,13 @@ path runs with the writes left out.
 from __future__ import annotations
 
 from ansible_collections.llmgw.fleet.plugins.module_utils import vm_fields
+from ansible_collections.llmgw.fleet.plugins.module_utils._vm_privileges import (
+    clone_needs,
+    config_needs,
+    create_needs,
+    destroy_needs,
+    power_needs,
+)
 from ansible_collections.llmgw.fleet.plugins.module_utils._vm_runner_checks import VMChecks, VMRefused
 from ansible_collections.llmgw.fleet.plugins.module_utils.proxmox_errors import NotFound
 from ansible_collections.llmgw.fleet.plugins.module_utils.vm_plan import (
@@ -121,6 +128,7 @@ class VMRunner(VMChecks):
             )
         config = self._unlocked_config(vm)
         status = self.client.vm_status(vm["node"], vm["vmid"]).get("status")
+        self._require(destroy_needs(vm["vmid"], status == "running"))
         self.tracker.add("state", "present", "absent")
         if not self.check_mode:
             if status == "running":
@@ -137,10 +145,16 @@ class VMRunner(VMChecks):
         if clash:
             self.warnings.append(clash)
         desired = self._desired(vmid)
-        base = dict(self.client.vm_config(template["node"], template["vmid"])) if template else {}
+        template_config = dict(self.client.vm_config(template["node"], template["vmid"])) if template else {}
+        base = dict(template_config)
         base.pop("template", None)
         base["name"] = req.name
         plan = plan_config(desired, base, running=False)
+        if template:
+            needs = clone_needs(template["vmid"], template_config, vmid, req.storage) + config_needs(vmid, plan.params)
+        else:
+            needs = create_needs(vmid, self._create_params(plan))
+        self._require(needs + (power_needs(vmid, "starting it") if req.state == "started" else []))
 
         self.tracker.add("state", "absent", "present")
         for change in plan.changes:
@@ -171,18 +185,22 @@ class VMRunner(VMChecks):
             if not plan.empty:
                 self.client.update_config(node, vmid, plan.params, req.timeout, digest=plan.digest)
         else:
-            params = dict(plan.params)
-            params["name"] = req.name
-            if req.bridge:
-                params["net0"] = "virtio,bridge=%s" % req.bridge
-            if req.pool:
-                params["pool"] = req.pool
-            self.client.create_vm(node, vmid, params, req.timeout)
+            self.client.create_vm(node, vmid, self._create_params(plan), req.timeout)
         if req.state == "started":
             self.client.start_vm(node, vmid, req.timeout)
         config = self.client.vm_config(node, vmid)
         status = self.client.vm_status(node, vmid).get("status", final_status)
         return self._outcome(self._fresh_result(vmid, node, status, config))
+
+    def _create_params(self, plan):
+        """The parameters of a VM created without a template."""
+        params = dict(plan.params)
+        params["name"] = self.req.name
+        if self.req.bridge:
+            params["net0"] = "virtio,bridge=%s" % self.req.bridge
+        if self.req.pool:
+            params["pool"] = self.req.pool
+        return params
 
     def _fresh_result(self, vmid, node, status, config):
         """A VM made by this run has nothing waiting for a boot: it was configured before its first start."""
@@ -201,6 +219,14 @@ class VMRunner(VMChecks):
             self.tracker.add(change.key, change.before, change.after)
         # Changes left waiting for a boot by an earlier run (or by hand) count too; a boot clears them.
         waiting = sorted(set(plan.reboot_keys) | set(self.client.pending_keys(node, vmid) if running else []))
+        needs = config_needs(vmid, plan.params)
+        if req.state == "started" and not running:
+            needs += power_needs(vmid, "starting it")
+        elif req.state == "stopped" and running:
+            needs += power_needs(vmid, "shutting it down")
+        elif running and waiting and req.reboot_if_needed:
+            needs += power_needs(vmid, "rebooting it")
+        self._require(needs)
 
         if not self.check_mode and not plan.empty:
             self.client.update_config(node, vmid, plan.params, req.timeout, digest=plan.digest)

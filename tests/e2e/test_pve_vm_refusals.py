@@ -106,3 +106,16 @@ def test_half_made_vm_still_locked_by_its_clone_is_reported_by_name(lab, tmp_pat
                 "qm unlock 1229")
     finally:
         lab.inject({"lock": {"vmid": 1229, "lock": None}})
+
+
+def test_a_vm_a_backup_holds_is_waited_for_and_never_advised_to_unlock(lab, tmp_path):
+    """qemu-server's vzdump sets `lock: backup` for the backup's length: the run waits for it, and past its timeout
+    says to let the backup finish, never to unlock or destroy the VM (the advice for a half-made clone)."""
+    lab.inject({"lock": {"vmid": 1221, "lock": "backup"}})
+    try:
+        args = vm_args(lab, "holder", 221, state="present", memory=3072, timeout=1)
+        result = refused(lab, tmp_path, args, repr(PREFIX + "holder"), "locked (backup)",
+                         "A backup (vzdump) of it is running: let it finish")
+        assert "qm destroy" not in result["msg"]
+    finally:
+        lab.inject({"lock": {"vmid": 1221, "lock": None}})

@@ -70,6 +70,13 @@ WRITE_METHODS = (
 )
 # Which argument names the VM a fault is aimed at.
 TARGET_ARG = {"clone_vm": "newid"}
+# docs/real-proxmox.md's LLMGWFleet role, and what only root's own token holds besides
+DOCS_ROLE = frozenset([
+    "VM.Audit", "VM.Allocate", "VM.Clone", "VM.PowerMgmt", "VM.Config.CPU", "VM.Config.Memory",
+    "VM.Config.Cloudinit", "VM.Config.CDROM", "VM.Config.Disk", "VM.Config.Options", "VM.Config.Network",
+    "Datastore.AllocateSpace", "Datastore.Audit", "SDN.Use", "Sys.Audit",
+])
+ALL_PRIVILEGES = DOCS_ROLE | frozenset(["VM.Config.HWType", "VM.Monitor", "Sys.Modify"])
 
 Call = namedtuple("Call", ["method", "args"])
 
@@ -131,6 +138,7 @@ class FakeProxmoxClient:
         self.vms = {}
         self.calls = []
         self.faults = []
+        self.grants = None  # ACL path -> privileges the token holds there; None: everything (root's token)
 
     # ------------------------------------------------------------------------------------------- set-up
 
@@ -157,6 +165,11 @@ class FakeProxmoxClient:
         ``{"exitcode", "out", "err"}``, ``guest.read_file(path)`` the file's text, and ``guest.agent_running`` (when
         it has one) says whether qemu-guest-agent answers yet. A VM without a guest has no agent answering."""
         self.vms[vmid].guest = guest
+
+    def grant(self, grants):
+        """The token holds only ``grants`` (ACL path -> privileges), propagated to the paths below each, a deeper
+        path's grant replacing what is inherited (as PVE computes it)."""
+        self.grants = {path: set(privileges) for path, privileges in grants.items()}
 
     def fail(self, method, error, vmid=None):
         """The next call of ``method`` (for ``vmid``, where given) raises ``error`` and does nothing."""
@@ -195,6 +208,16 @@ class FakeProxmoxClient:
         return vm
 
     # --------------------------------------------------------------------------------------------- reads
+
+    def privileges(self, path):
+        self._record("privileges", path=path)
+        if self.grants is None:
+            return set(ALL_PRIVILEGES)
+        parts = [part for part in path.split("/") if part]
+        held = set()
+        for depth in range(len(parts) + 1):
+            held = self.grants.get("/" + "/".join(parts[:depth]), held)
+        return set(held)
 
     def nodes(self):
         self._record("nodes")

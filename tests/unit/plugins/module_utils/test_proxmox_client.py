@@ -223,4 +223,40 @@ def test_a_write_refused_outright_keeps_pve_s_own_words():
     writes = FlakyApi([gateway_error(403, "Permission check failed (/vms/1105, VM.Allocate)")])
     with pytest.raises(errors.PermissionDenied) as caught:
         ProxmoxClient(writes).post("nodes/pve/qemu/9000/clone", newid=1105)
-    assert caught.value.message == "HTTP 403: Permission check failed (/vms/1105, VM.Allocate)"
+    assert writes.calls == [("post", "nodes/pve/qemu/9000/clone")]  # a 403 is never tried again
+    assert caught.value.message == (
+        "POST /nodes/pve/qemu/9000/clone: HTTP 403: Permission check failed (/vms/1105, VM.Allocate); the API token "
+        "(or user) lacks VM.Allocate on /vms/1105: grant it (docs/real-proxmox.md, step 3: the LLMGWFleet role), "
+        "then run again")
+    assert (caught.value.acl_path, caught.value.privileges) == ("/vms/1105", ("VM.Allocate",))
+
+
+def test_a_refusal_where_any_of_two_privileges_would_do_names_both():
+    error = errors.classify(403, "Permission check failed (/vms/1105, VM.Config.Cloudinit|VM.Config.Network)")
+    assert isinstance(error, errors.PermissionDenied)
+    assert error.privileges == ("VM.Config.Cloudinit", "VM.Config.Network")
+    assert "lacks VM.Config.Cloudinit or VM.Config.Network on /vms/1105" in error.message
+
+
+def test_a_403_without_pve_s_privilege_text_stays_as_it_came():
+    error = errors.classify(403, "Permission check failed")
+    assert (error.message, error.acl_path, error.privileges) == ("HTTP 403: Permission check failed", None, ())
+
+
+def test_privileges_reads_what_the_token_holds_on_one_path():
+    class Answers:
+        def __init__(self):
+            self.asked = []
+
+        def __call__(self, path):
+            self.asked.append(path)
+            return self
+
+        def get(self, **params):
+            self.asked.append(params)
+            return {"/vms/1105": {"VM.Audit": 1, "VM.PowerMgmt": 1}}
+
+    api = Answers()
+    assert ProxmoxClient(api).privileges("/vms/1105") == {"VM.Audit", "VM.PowerMgmt"}
+    assert ProxmoxClient(api).privileges("/storage/local-lvm") == set()
+    assert api.asked[:2] == ["access/permissions", {"path": "/vms/1105"}]

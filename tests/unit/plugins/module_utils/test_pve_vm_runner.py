@@ -13,6 +13,7 @@ from ansible_collections.llmgw.fleet.plugins.module_utils.proxmox_errors import 
 from ansible_collections.llmgw.fleet.plugins.module_utils.pve_vm_runner import VMRefused, VMRequest, run_vm, vm_info
 from ansible_collections.llmgw.fleet.plugins.module_utils.vm_plan import PlanError, encode_sshkeys
 from ansible_collections.llmgw.fleet.tests.unit.plugins.module_utils.fake_pve_api import (
+    DOCS_ROLE,
     NODE,
     TEMPLATE_CONFIG,
     TEMPLATE_NAME,
@@ -190,6 +191,80 @@ def test_half_made_vm_still_locked_by_its_clone_is_reported_by_name(cluster):
             ["VM 'locked' (VMID 1229 on node pve) is still locked (clone) after 1s",
              "VM locked (1229) on node pve stayed locked (clone) for 1s", "interrupted run",
              "qm unlock 1229 && qm destroy 1229 --purge"])
+
+
+def without(*privileges):
+    """docs/real-proxmox.md's role on /, less ``privileges``."""
+    return {"/": DOCS_ROLE - set(privileges)}
+
+
+@pytest.mark.parametrize("lacking, fragment", [
+    ("VM.Clone", "VM.Clone on /vms/9000 (cloning the template)"),
+    ("VM.Allocate", "VM.Allocate on /vms/1230 (cloning the template)"),
+    ("Datastore.AllocateSpace", "Datastore.AllocateSpace on /storage/local-lvm (the clone's scsi0)"),
+    ("SDN.Use", "SDN.Use on /sdn/zones/localnetwork/vmbr0 (the clone's net0)"),
+    ("VM.Config.CPU", "VM.Config.CPU on /vms/1230 (setting cpu)"),
+    ("VM.PowerMgmt", "VM.PowerMgmt on /vms/1230 (starting it)"),
+])
+def test_a_new_vm_the_token_may_not_make_whole_is_refused_before_the_clone(cluster, lacking, fragment):
+    cluster.grant(without(lacking))
+    message = refused(cluster, request("lp", 230, state="started"),
+                      ["lp: the API token (or user) lacks " + fragment, "docs/real-proxmox.md, step 3"])
+    assert message.split(". Nothing")[0].count(" on /") == 1, message  # only what is missing is named
+
+
+def test_a_template_without_a_cloud_init_drive_needs_cloudinit_and_cdrom_for_the_one_added(cluster):
+    config = {k: v for k, v in TEMPLATE_CONFIG.items() if k != "ide2"}
+    cluster.add_template(vmid=9001, name="bare", config=config)
+    cluster.grant(without("VM.Config.CDROM"))
+    refused(cluster, request("lp", 230, clone="bare"), ["VM.Config.CDROM on /vms/1230 (setting ide2)"])
+    cluster.grant({"/": DOCS_ROLE})
+    assert run_vm(cluster, request("lp", 230, clone="bare")).changed
+
+
+def test_cloud_init_keys_accept_vm_config_network_instead(cluster):
+    cluster.grant(without("VM.Config.Cloudinit", "VM.Config.Network"))
+    refused(cluster, request("lp", 230), ["VM.Config.Cloudinit or VM.Config.Network on /vms/1230 (setting ciuser)"])
+    cluster.grant(without("VM.Config.Cloudinit"))
+    assert run_vm(cluster, request("lp", 230)).changed
+
+
+def test_changes_to_an_existing_vm_and_its_removal_need_their_privileges(cluster):
+    fleet_vm(cluster, "lp", 231, status="running")
+    cluster.grant(without("VM.Config.Memory", "VM.PowerMgmt", "VM.Allocate"))
+    refused(cluster, request("lp", 231, memory=4096), ["VM.Config.Memory on /vms/1231 (setting memory)"])
+    refused(cluster, request("lp", 231, state="stopped"), ["VM.PowerMgmt on /vms/1231 (shutting it down)"])
+    refused(cluster, request("lp", 231, state="absent"),
+            ["VM.PowerMgmt on /vms/1231 (stopping it before removal); VM.Allocate on /vms/1231 (removing the VM)"])
+    settled(cluster, request("lp", 231, state="started"))  # nothing to do needs nothing
+
+
+def test_privileges_granted_on_deeper_paths_are_enough(cluster):
+    cluster.grant({"/vms": DOCS_ROLE, "/storage/local-lvm": {"Datastore.AllocateSpace"},
+                   "/sdn/zones/localnetwork/vmbr0": {"SDN.Use"}})
+    assert run_vm(cluster, request("lp", 230, state="started")).changed
+    cluster.grant({"/vms": DOCS_ROLE, "/vms/9000": {"VM.Audit"}, "/storage/local-lvm": {"Datastore.AllocateSpace"},
+                   "/sdn/zones/localnetwork/vmbr0": {"SDN.Use"}})
+    refused(cluster, request("lp2", 232), ["VM.Clone on /vms/9000"])
+
+
+def test_a_server_that_does_not_say_what_the_token_holds_is_left_to_check_each_call(cluster):
+    cluster.fail("privileges", NotFound("HTTP 501: Method 'GET /access/permissions' not implemented", status=501))
+    outcome = run_vm(cluster, request("lp", 230))
+    assert outcome.changed and "clone_vm" in cluster.write_names()
+    assert any("the privileges of the API token could not be read" in w for w in outcome.warnings)
+
+
+@pytest.mark.parametrize("lock, fragments", [
+    ("backup", ["still locked (backup) after 1s", "A backup (vzdump) of it is running: let it finish",
+                "never 'qm unlock' a VM whose backup runs"]),
+    ("migrate", ["still locked (migrate)", "let the migration finish"]),
+    ("suspended", ["still locked (suspended)", "'qm resume 1235'"]),
+])
+def test_a_lock_of_work_the_vm_is_doing_is_waited_for_and_never_advised_away(cluster, lock, fragments):
+    fleet_vm(cluster, "busy", 235).lock = lock
+    message = refused(cluster, request("busy", 235, memory=4096, timeout=1), fragments)
+    assert "qm destroy" not in message
 
 
 def test_slow_cpu_on_an_existing_vm_is_refused_before_any_change(cluster):
