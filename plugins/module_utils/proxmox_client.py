@@ -128,6 +128,10 @@ class ProxmoxClient(WriteCalls, TaskCalls):
     @classmethod
     def connect(cls, settings, **kwargs):
         """Open a session (password auth asks for a ticket here; a token is first used by the first call)."""
+        return cls(cls._session(settings), settings=settings, **kwargs)
+
+    @staticmethod
+    def _session(settings):
         if not HAS_PROXMOXER:
             raise ProxmoxError("proxmoxer and requests are required: %s" % PROXMOXER_IMPORT_ERROR)
         options = dict(
@@ -148,11 +152,23 @@ class ProxmoxClient(WriteCalls, TaskCalls):
             if typed is None:
                 raise
             raise typed
-        return cls(api, settings=settings, **kwargs)
+        return api
 
     # ------------------------------------------------------------------------------------------- raw calls
 
     def _call(self, method, resource, **params):
+        """One API call (see ``_call_once``). With password auth, a ticket PVE no longer takes (past its two hours,
+        or signed with a key the cluster has since rotated) is replaced by a new login and the call made again,
+        once: PVE checks the ticket before it does anything, so even a write refused so was not done."""
+        try:
+            return self._call_once(method, resource, **params)
+        except AuthError:
+            if self.settings is None or self.settings.token_id or not self.settings.password:
+                raise
+        self._api = self._session(self.settings)
+        return self._call_once(method, resource, **params)
+
+    def _call_once(self, method, resource, **params):
         """One API call, its failure typed. A read that meets a transient failure (gateway, connection, an answer
         slower than the timeout) is tried again a few times; a write never is, since it may have been done."""
         attempts = GET_ATTEMPTS if method == "get" else 1

@@ -12,10 +12,13 @@ add_node run of a new node, then one ordinary run that must converge.
   to ready;
 * the clone (a write) answered slower than the timeout, and done by the API all the same: the run fails at once,
   saying it did not repeat it; the lab saw one clone request; once the late clone's VM is there, the next run finds
-  it and makes it ready, with one clone request in all and one VM of that name.
+  it and makes it ready, with one clone request in all and one VM of that name;
+* with password auth, tickets that PVE takes for 4 s only (its two hours, shortened): the run logs in again where a
+  ticket is refused and goes on to ready, with the 401s and the new logins in the lab's request log.
 
 The test prints ``N faults, N failed or retried as they should, N converged``. Heavy (``make faults``): about six
-minutes. Nodes af-node01..05 at 10.77.0.216-220; VMs af-* (VMIDs 1216-1220) destroyed before and after.
+minutes. Nodes af-node01..05 at 10.77.0.216-220 and af-node06 at 10.77.0.122; VMs af-* (VMIDs 1216-1220, 1122)
+destroyed before and after.
 """
 
 import os
@@ -32,7 +35,7 @@ from registry_check import violations
 pytestmark = [pytest.mark.heavy,
               pytest.mark.skipif(not lab_is_up(), reason="the lab is not up (make lab-up)")]
 
-PREFIX, OWN_VMIDS = "af-", range(1216, 1221)
+PREFIX, OWN_VMIDS = "af-", list(range(1216, 1221)) + [1122]
 OPTIONS = {"fabric": "ib-a", "gpus": 2, "gpu_type": "sim"}
 SERVER_LOG = os.path.join(REPO, ".lab", "api", "server.log")
 RESULTS = []
@@ -208,3 +211,23 @@ def test_a_write_slower_than_the_timeout_fails_at_once_and_the_next_run_finds_wh
     converge(lab, controller, node, octet, row)
     clones = [entry for entry in log_from(start) if entry[1] == "POST" and entry[2] == clone_path]
     assert clones == [(200, "POST", clone_path)], clones
+
+
+def test_tickets_that_expire_mid_run_are_replaced_by_a_new_login(lab, controller, faults):
+    node, octet = "af-node06", 122
+    row = new_row("tickets valid for 4 s (password auth)")
+    password = {"fleet_proxmox": {"api_host": lab.data["api_host"], "api_port": lab.data["api_port"],
+                                  "api_user": lab.data["api_user"], "api_password": lab.data["api_password"],
+                                  "ca_path": lab.data["ca_cert"]}}
+    start = log_offset()
+    faults({"ticket_lifetime": 4})
+    run = run_playbook("llmgw.fleet.add_node", controller.extra_vars(node, octet, **OPTIONS, **password),
+                       inventory=INVENTORY)
+    assert not run.failed, failure_text(run)
+    seen = log_from(start)
+    refused = [entry for entry in seen if entry[0] == 401]
+    logins = [entry for entry in seen if entry[1] == "POST" and entry[2] == "/access/ticket"]
+    assert refused, "no ticket outlived 4 s: the row tested nothing"
+    assert len(logins) > len(refused), (refused, logins)  # each refusal was followed by a login
+    row["as_it_should"], row["seen"] = True, "%d tickets refused, logged in again, ready" % len(refused)
+    converge(lab, controller, node, octet, row)

@@ -3,17 +3,16 @@ does (tests/lab/pve_lab/api/permissions.py, tests/lab/tests/test_api_permissions
 
 * with exactly the documented role (`llmgw@pve!fleet`, the lab's default grant): the node goes to ready;
 * with one privilege taken away (VM.Clone on the template; VM.PowerMgmt on the node's own VMID, which the run needs
-  only after the clone): the run fails before any write, naming the privilege, the path and what it was for; no VM of that name exists and the lab saw no write;
-  with the privilege granted again, the next run makes the node ready.
+  only after the clone): the run fails before any write, naming the privilege, the path and what it was for; no VM
+  of that name exists and the lab saw no write; with the privilege granted again, the next run makes the node
+  ready.
 
 Nodes lp-node01/02 at 10.77.0.227-228 (VMIDs 1227-1228), destroyed before and after.
 """
 
-import os
-
 import pytest
 import requests
-from helpers import REPO, run_playbook
+from helpers import run_playbook
 from onboard_e2e import INVENTORY, Controller, lab_engine, lab_with_own_vms
 from pve_vm_e2e import lab_is_up
 from registry_check import violations
@@ -25,7 +24,6 @@ pytestmark = pytest.mark.skipif(not lab_is_up(), reason="the lab is not up (make
 
 PREFIX, OWN_VMIDS = "lp-", range(1227, 1229)
 OPTIONS = {"fabric": "ib-a", "gpus": 2, "gpu_type": "sim"}
-SERVER_LOG = os.path.join(REPO, ".lab", "api", "server.log")
 
 
 class Acl:

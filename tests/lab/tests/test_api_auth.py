@@ -1,6 +1,7 @@
 """Authentication as pve-proxy does it: tickets with CSRF tokens, API tokens, 401 with the reason phrase."""
 
 import re
+import time
 from urllib.parse import quote
 
 import pytest
@@ -29,6 +30,23 @@ def test_a_ticket_renews_itself_as_password(http, conn):
                           data={"username": conn["api_user"], "password": first["ticket"]})
     assert answer.status_code == 200
     assert answer.json()["data"]["ticket"].startswith("PVE:root@pam:")
+
+
+def test_a_ticket_past_its_lifetime_is_refused_and_cannot_renew_itself(http, conn, api, faults):
+    """PVE::AccessControl::verify_ticket refuses a ticket older than its lifetime (two hours; the lab's fault
+    shortens it) with "permission denied - invalid PVE ticket", and renewing with it fails as a wrong password."""
+    faults.set(ticket_lifetime=2)
+    ticket = http.login()["ticket"]
+    cookie = {"Cookie": "PVEAuthCookie=" + quote(ticket)}
+    assert http.request("GET", "/api2/json/version", headers=cookie).status_code == 200
+    time.sleep(3.2)
+    answer = http.request("GET", "/api2/json/version", headers=cookie)
+    assert (answer.status_code, answer.reason) == (401, "permission denied - invalid PVE ticket")
+    renewal = http.request("POST", "/api2/json/access/ticket", data={"username": conn["api_user"], "password": ticket})
+    assert (renewal.status_code, renewal.reason) == (401, "authentication failure")
+    assert api.version.get()["version"]  # API tokens have no lifetime
+    faults.clear()
+    assert http.request("GET", "/api2/json/version", headers=cookie).status_code == 200
 
 
 def test_wrong_password_is_401_authentication_failure(http, conn):

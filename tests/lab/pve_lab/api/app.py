@@ -6,7 +6,7 @@ import logging
 from typing import Optional
 
 from pve_lab.api import credentials, template
-from pve_lab.api.auth import Authenticator
+from pve_lab.api.auth import TICKET_LIFETIME, Authenticator
 from pve_lab.api.constants import NODE, LabPaths
 from pve_lab.api.errors import config_missing
 from pve_lab.api.faults import Faults
@@ -22,12 +22,12 @@ class App:
         self.paths = paths
         self.node = NODE
         self.creds = credentials.load_or_create(paths)
-        self.auth = Authenticator(self.creds)
         self.state = LabState(paths.state_file)
         if self.state.fresh:
             template.seed(self.state)
         self.config_locks = ConfigLocks()
         self.faults = Faults()
+        self.auth = Authenticator(self.creds, lambda: self.faults.ticket_lifetime or TICKET_LIFETIME)
         self.acl = Acl()
         self.tasks = TaskRegistry(NODE, paths.tasks_file, self.faults)
         self.backend = backend

@@ -40,6 +40,7 @@ class Faults:
         self.slow_delay = 0.0
         self.slow_method = ""
         self.slow_path = ""
+        self.ticket_lifetime: Optional[float] = None  # seconds a ticket stays valid; None: PVE's two hours
 
     def snapshot(self) -> Dict[str, object]:
         with self._lock:
@@ -47,7 +48,8 @@ class Faults:
                     "request_status": self.request_status, "request_message": self.request_message,
                     "request_path": self.request_path, "task_delay": self.task_delay,
                     "slow_requests": self.slow_requests, "slow_delay": self.slow_delay,
-                    "slow_method": self.slow_method, "slow_path": self.slow_path}
+                    "slow_method": self.slow_method, "slow_path": self.slow_path,
+                    "ticket_lifetime": self.ticket_lifetime}
 
     def update(self, payload: Dict[str, object]) -> None:
         with self._lock:
@@ -65,6 +67,8 @@ class Faults:
                 self.slow_delay = _seconds(payload.get("delay", 0), "delay")
                 self.slow_method = str(payload.get("method", "")).upper()
                 self.slow_path = str(payload.get("path", ""))
+            if "ticket_lifetime" in payload:
+                self.ticket_lifetime = _seconds(payload["ticket_lifetime"], "ticket_lifetime") or None
             if "task_delay" in payload:
                 try:
                     self.task_delay = max(0.0, float(payload["task_delay"]))  # type: ignore[arg-type]
@@ -94,6 +98,8 @@ class Faults:
                 self.task_delay = 0.0
             if payload.get("slow_requests"):
                 self.slow_requests = 0
+            if payload.get("ticket_lifetime"):
+                self.ticket_lifetime = None
 
     def take_request_failure(self, path: str) -> Optional[Tuple[int, str]]:
         with self._lock:

@@ -260,3 +260,32 @@ def test_privileges_reads_what_the_token_holds_on_one_path():
     assert ProxmoxClient(api).privileges("/vms/1105") == {"VM.Audit", "VM.PowerMgmt"}
     assert ProxmoxClient(api).privileges("/storage/local-lvm") == set()
     assert api.asked[:2] == ["access/permissions", {"path": "/vms/1105"}]
+
+
+def expired_ticket():
+    return ResourceException(401, "permission denied - invalid PVE ticket", "")
+
+
+def test_a_ticket_pve_no_longer_takes_is_replaced_by_a_new_login_once(monkeypatch):
+    password = ConnectionSettings("pve", 8006, "root@pam", "secret", None, None, True, None, 30)
+    old, new = FlakyApi([expired_ticket()]), FlakyApi([{"upid": "UPID:x"}])
+    logins = []
+    monkeypatch.setattr(ProxmoxClient, "_session", staticmethod(lambda settings: logins.append(settings) or new))
+    # a write: PVE refused it before doing anything, so it is made again on the new ticket
+    assert ProxmoxClient(old, settings=password).post("nodes/pve/qemu/9000/clone", newid=1105) == {"upid": "UPID:x"}
+    assert (old.calls, new.calls, logins) == ([("post", "nodes/pve/qemu/9000/clone")],
+                                              [("post", "nodes/pve/qemu/9000/clone")], [password])
+
+
+def test_a_refused_token_or_a_second_401_is_not_tried_again(monkeypatch):
+    token = ConnectionSettings("pve", 8006, "llmgw@pve", None, "fleet", "s", True, None, 30)
+    password = ConnectionSettings("pve", 8006, "root@pam", "secret", None, None, True, None, 30)
+    logins = []
+    monkeypatch.setattr(ProxmoxClient, "_session",
+                        staticmethod(lambda settings: logins.append(settings) or FlakyApi([expired_ticket()])))
+    with pytest.raises(errors.AuthError):
+        ProxmoxClient(FlakyApi([expired_ticket()]), settings=token).get("version")
+    assert logins == []
+    with pytest.raises(errors.AuthError):
+        ProxmoxClient(FlakyApi([expired_ticket()]), settings=password).get("version")
+    assert logins == [password]

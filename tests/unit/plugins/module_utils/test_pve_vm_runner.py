@@ -210,7 +210,7 @@ def test_a_new_vm_the_token_may_not_make_whole_is_refused_before_the_clone(clust
     cluster.grant(without(lacking))
     message = refused(cluster, request("lp", 230, state="started"),
                       ["lp: the API token (or user) lacks " + fragment, "docs/real-proxmox.md, step 3"])
-    assert message.split(". Nothing")[0].count(" on /") == 1, message  # only what is missing is named
+    assert message.split(". Nothing", maxsplit=1)[0].count(" on /") == 1, message  # only what is missing is named
 
 
 def test_a_template_without_a_cloud_init_drive_needs_cloudinit_and_cdrom_for_the_one_added(cluster):
