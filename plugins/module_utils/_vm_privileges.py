@@ -132,11 +132,20 @@ def destroy_needs(vmid, running):
     return needs + [Need(_vm(vmid), ("VM.Allocate",), "removing the VM")]
 
 
-def missing(needs, held):
-    """The needs not met, given ``held`` (ACL path -> set of privileges held there), each once."""
+def pool_needs(vmid, pool):
+    """A new VM put in ``pool``: VM.Allocate on the pool (clone_vm's and create_vm's permissions)."""
+    return [Need("/pool/%s" % pool, ("VM.Allocate",), "putting VM %s in pool %s" % (vmid, pool))] if pool else []
+
+
+def missing(needs, held, pool=None, vmid=None):
+    """The needs not met, given ``held`` (ACL path -> set of privileges held there), each once. A new VM going to
+    ``pool`` may use what is held on the pool instead of on its own path (RPCEnvironment::check_vm_perm)."""
     result = []
     for need in needs:
-        if not need.met(held.get(need.path, ())) and need not in result:
+        met = need.met(held.get(need.path, ()))
+        if not met and pool and need.path == _vm(vmid):
+            met = need.met(held.get("/pool/%s" % pool, ()))
+        if not met and need not in result:
             result.append(need)
     return result
 

@@ -171,12 +171,14 @@ class VMChecks:
             "changed." % (len(nodes), ", ".join(nodes), self.req.name)
         )
 
-    def _require(self, needs):
+    def _require(self, needs, new_vmid=None):
         """Refuse before the first write when the token lacks a privilege the change needs: PVE would refuse
         the call itself, but only once the run got there (after the clone, say). A server that does not say what
-        the token holds is left to check each call itself, with a warning."""
+        the token holds is left to check each call itself, with a warning. A VM this run makes (``new_vmid``) in a
+        pool may use what the token holds on the pool."""
+        pool = self.req.pool if new_vmid is not None else None
         held = {}
-        for path in sorted(set(need.path for need in needs)):
+        for path in sorted(set(need.path for need in needs) | (set(["/pool/%s" % pool]) if pool else set())):
             try:
                 held[path] = self.client.privileges(path)
             except ProxmoxError as exc:
@@ -185,7 +187,7 @@ class VMChecks:
                     % (self.req.name, exc)
                 )
                 return
-        lacking = missing(needs, held)
+        lacking = missing(needs, held, pool=pool, vmid=new_vmid)
         if lacking:
             raise VMRefused(refusal(self.req.name, lacking))
 

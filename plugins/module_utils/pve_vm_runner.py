@@ -15,6 +15,7 @@ from ansible_collections.llmgw.fleet.plugins.module_utils._vm_privileges import 
     config_needs,
     create_needs,
     destroy_needs,
+    pool_needs,
     power_needs,
 )
 from ansible_collections.llmgw.fleet.plugins.module_utils._vm_runner_checks import VMChecks, VMRefused
@@ -154,7 +155,8 @@ class VMRunner(VMChecks):
             needs = clone_needs(template["vmid"], template_config, vmid, req.storage) + config_needs(vmid, plan.params)
         else:
             needs = create_needs(vmid, self._create_params(plan))
-        self._require(needs + (power_needs(vmid, "starting it") if req.state == "started" else []))
+        needs += pool_needs(vmid, req.pool) + (power_needs(vmid, "starting it") if req.state == "started" else [])
+        self._require(needs, new_vmid=vmid)
 
         self.tracker.add("state", "absent", "present")
         for change in plan.changes:

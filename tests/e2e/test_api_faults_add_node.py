@@ -13,12 +13,15 @@ add_node run of a new node, then one ordinary run that must converge.
 * the clone (a write) answered slower than the timeout, and done by the API all the same: the run fails at once,
   saying it did not repeat it; the lab saw one clone request; once the late clone's VM is there, the next run finds
   it and makes it ready, with one clone request in all and one VM of that name;
+* the guest list's connection reset twice (TCP RST, nothing answered): tried again, the run goes on to ready;
+* the clone's connection reset (the request never handled): the run fails at once saying it did not repeat it;
+  no VM; the next run makes the node ready, with one clone done in all;
 * with password auth, tickets that PVE takes for 4 s only (its two hours, shortened): the run logs in again where a
   ticket is refused and goes on to ready, with the 401s and the new logins in the lab's request log.
 
 The test prints ``N faults, N failed or retried as they should, N converged``. Heavy (``make faults``): about six
-minutes. Nodes af-node01..05 at 10.77.0.216-220 and af-node06 at 10.77.0.122; VMs af-* (VMIDs 1216-1220, 1122)
-destroyed before and after.
+minutes. Nodes af-node01..05 at 10.77.0.216-220 and af-node06..08 at 10.77.0.122-124; VMs af-* (VMIDs 1216-1220,
+1122-1124) destroyed before and after.
 """
 
 import os
@@ -35,7 +38,7 @@ from registry_check import violations
 pytestmark = [pytest.mark.heavy,
               pytest.mark.skipif(not lab_is_up(), reason="the lab is not up (make lab-up)")]
 
-PREFIX, OWN_VMIDS = "af-", list(range(1216, 1221)) + [1122]
+PREFIX, OWN_VMIDS = "af-", list(range(1216, 1221)) + [1122, 1123, 1124]
 OPTIONS = {"fabric": "ib-a", "gpus": 2, "gpu_type": "sim"}
 SERVER_LOG = os.path.join(REPO, ".lab", "api", "server.log")
 RESULTS = []
@@ -231,3 +234,34 @@ def test_tickets_that_expire_mid_run_are_replaced_by_a_new_login(lab, controller
     assert len(logins) > len(refused), (refused, logins)  # each refusal was followed by a login
     row["as_it_should"], row["seen"] = True, "%d tickets refused, logged in again, ready" % len(refused)
     converge(lab, controller, node, octet, row)
+
+
+def test_reads_whose_connection_is_reset_are_tried_again(lab, controller, faults):
+    node, octet = "af-node07", 123
+    row = new_row("connection reset twice on GET /cluster/resources")
+    faults({"reset_requests": 2, "method": "GET", "path": "/cluster/resources"})
+    run = run_playbook("llmgw.fleet.add_node", controller.extra_vars(node, octet, **OPTIONS), inventory=INVENTORY)
+    assert not run.failed, failure_text(run)
+    assert Faults(lab).call("GET", None)["reset_requests"] == 0
+    row["as_it_should"], row["seen"] = True, "retried, ready"
+    converge(lab, controller, node, octet, row)
+
+
+def test_a_write_whose_connection_is_reset_fails_at_once_and_is_never_repeated(lab, controller, faults):
+    node, octet = "af-node08", 124
+    row = new_row("connection reset on POST .../clone")
+    clone_path = "/nodes/%s/qemu/%s/clone" % (lab.node, lab.data["template_vmid"])
+    start = log_offset()
+    faults({"reset_requests": 1, "method": "POST", "path": clone_path})
+    run = run_playbook("llmgw.fleet.add_node", controller.extra_vars(node, octet, **OPTIONS), inventory=INVENTORY)
+    assert run.failed
+    text = failure_text(run)
+    assert re.search(r"POST %s: cannot reach the Proxmox API .*; not repeated, since it may have been done"
+                     % re.escape(clone_path), text), text
+    assert Faults(lab).call("GET", None)["reset_requests"] == 0  # the one clone request was the one reset
+    assert [entry for entry in log_from(start) if entry[1] == "POST" and entry[2] == clone_path] == []
+    assert lab.vm(node) is None
+    row["as_it_should"], row["seen"] = True, "failed at once, not repeated, no VM"
+    converge(lab, controller, node, octet, row)
+    clones = [entry for entry in log_from(start) if entry[1] == "POST" and entry[2] == clone_path]
+    assert clones == [(200, "POST", clone_path)], clones

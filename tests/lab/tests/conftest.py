@@ -173,6 +173,8 @@ class Faults:
                 off["task_delay"] = True
             if "slow_requests" in payload:
                 off["slow_requests"] = True
+            if "reset_requests" in payload:
+                off["reset_requests"] = True
             if "ticket_lifetime" in payload:
                 off["ticket_lifetime"] = True
             if off:

@@ -1,4 +1,4 @@
-"""Fault injection through /lab/faults: failing tasks, 5xx answers, slow answers, slow tasks."""
+"""Fault injection through /lab/faults: failing tasks, 5xx answers, slow answers, reset connections, slow tasks."""
 
 import time
 
@@ -63,6 +63,19 @@ def test_the_next_requests_answer_slowly_and_are_done_all_the_same(node, conn, h
     fast = time.monotonic()
     node.qemu(vmid).config.post(description="on time")
     assert time.monotonic() - fast < 2
+
+
+def test_the_next_requests_have_their_connection_reset_and_are_not_done(node, conn, http, faults, vms):
+    vmid = vms.create(name="reset")
+    path = "/nodes/%s/qemu/%d/config" % (conn["pve_node"], vmid)
+    faults.set(reset_requests=1, method="POST", path=path)
+    assert http.api("GET", path).status_code == 200  # a GET is not counted against the POST
+    with pytest.raises(requests.exceptions.ConnectionError):
+        http.api("POST", path, data={"description": "lost"})
+    assert faults.state()["reset_requests"] == 0
+    assert node.qemu(vmid).config.get().get("description") is None  # never handled
+    node.qemu(vmid).config.post(description="kept")
+    assert node.qemu(vmid).config.get()["description"] == "kept"
 
 
 def test_faults_refuse_what_they_do_not_understand(conn):

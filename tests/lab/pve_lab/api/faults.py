@@ -40,6 +40,9 @@ class Faults:
         self.slow_delay = 0.0
         self.slow_method = ""
         self.slow_path = ""
+        self.reset_requests = 0
+        self.reset_method = ""
+        self.reset_path = ""
         self.ticket_lifetime: Optional[float] = None  # seconds a ticket stays valid; None: PVE's two hours
 
     def snapshot(self) -> Dict[str, object]:
@@ -49,7 +52,8 @@ class Faults:
                     "request_path": self.request_path, "task_delay": self.task_delay,
                     "slow_requests": self.slow_requests, "slow_delay": self.slow_delay,
                     "slow_method": self.slow_method, "slow_path": self.slow_path,
-                    "ticket_lifetime": self.ticket_lifetime}
+                    "reset_requests": self.reset_requests, "reset_method": self.reset_method,
+                    "reset_path": self.reset_path, "ticket_lifetime": self.ticket_lifetime}
 
     def update(self, payload: Dict[str, object]) -> None:
         with self._lock:
@@ -67,6 +71,10 @@ class Faults:
                 self.slow_delay = _seconds(payload.get("delay", 0), "delay")
                 self.slow_method = str(payload.get("method", "")).upper()
                 self.slow_path = str(payload.get("path", ""))
+            if "reset_requests" in payload:
+                self.reset_requests = _non_negative_int(payload["reset_requests"], "reset_requests")
+                self.reset_method = str(payload.get("method", "")).upper()
+                self.reset_path = str(payload.get("path", ""))
             if "ticket_lifetime" in payload:
                 self.ticket_lifetime = _seconds(payload["ticket_lifetime"], "ticket_lifetime") or None
             if "task_delay" in payload:
@@ -100,6 +108,8 @@ class Faults:
                 self.slow_requests = 0
             if payload.get("ticket_lifetime"):
                 self.ticket_lifetime = None
+            if payload.get("reset_requests"):
+                self.reset_requests = 0
 
     def take_request_failure(self, path: str) -> Optional[Tuple[int, str]]:
         with self._lock:
@@ -107,6 +117,17 @@ class Faults:
                 return None
             self.request_failures -= 1
             return self.request_status, self.request_message
+
+    def take_request_reset(self, method: str, path: str) -> bool:
+        """Whether to drop this request's connection unanswered (and unhandled); counts it against
+        ``reset_requests``."""
+        with self._lock:
+            if self.reset_requests <= 0 or not path.startswith(self.reset_path):
+                return False
+            if self.reset_method and method.upper() != self.reset_method:
+                return False
+            self.reset_requests -= 1
+            return True
 
     def take_request_delay(self, method: str, path: str) -> float:
         """Seconds to wait before handling this request (0 for none); counts it against ``slow_requests``."""

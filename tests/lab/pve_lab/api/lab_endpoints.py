@@ -10,6 +10,8 @@
   `{"lock": {"vmid": 101, "lock": "backup"}}` (a `lock` of null removes the VM's lock),
   `{"hold_config_lock": {"vmid": 101, "seconds": 3}}` (holds the VM's config file lock exclusively for that long,
   as a long `qm set`, a clone of the running VM or a migration would; answers once the lock is held),
+  `{"reset_requests": N, "method": "POST", "path": "/nodes/pve/qemu/9000/clone"}` (the next N matching requests
+  are neither handled nor answered: the connection is reset),
   `{"ticket_lifetime": 3}` (tickets older than 3 s are refused, "permission denied - invalid PVE ticket", as PVE
   refuses one past its two hours; renewing with such a ticket fails too; API tokens are not affected).
 - `GET /lab/acl`: the grants of the privilege-separated token `llmgw@pve!fleet` (api/permissions.py);
@@ -17,7 +19,7 @@
   `DELETE /lab/acl` restores the default (docs/real-proxmox.md's LLMGWFleet role on `/`).
 - `DELETE /lab/faults`: switches every fault off (VM locks stay until removed, as they would on PVE); with a
   JSON body only what it names: `{"fail_next_task": "text", "fail_requests": true, "task_delay": true,
-  "slow_requests": true, "ticket_lifetime": true}` (the lab
+  "slow_requests": true, "reset_requests": true, "ticket_lifetime": true}` (the lab
   may serve several clients at once, each cleaning up its own faults).
 """
 

@@ -12,7 +12,9 @@ import logging
 import os
 import re
 import signal
+import socket
 import ssl
+import struct
 import sys
 import threading
 import time
@@ -163,6 +165,12 @@ class Handler(BaseHTTPRequestHandler):
                 if err.errors:
                     payload["errors"] = err.errors
             self._send(err.status, err.reason, payload)
+        except ConnectionReset as err:
+            LOG.info("%s: connection reset (reset_requests fault), not handled", err)
+            self.close_connection = True
+            # SO_LINGER 0: close() sends a TCP RST, as a middlebox or a crashed pveproxy worker would
+            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            self.connection.close()
         except ClientGone as err:
             # The client left before its answer was written (it timed out): the request was handled all the same,
             # and there is nobody to send a 500 to. Logged once, as handled, not a second time as a failure.
@@ -176,6 +184,8 @@ class Handler(BaseHTTPRequestHandler):
     def _api(self, method: str, rel: str, query: str, body: bytes) -> None:
         headers = {k.lower(): v for k, v in self.headers.items()}
         user = self.app.auth.authenticate(method, rel, headers)
+        if self.app.faults.take_request_reset(method, rel):
+            raise ConnectionReset("%s %s" % (method, rel))
         injected = self.app.faults.take_request_failure(rel)
         if injected is not None:
             raise ApiError(injected[0], injected[1])
@@ -195,6 +205,10 @@ class Handler(BaseHTTPRequestHandler):
 
 class ClientGone(ConnectionError):
     """The client closed its connection before its answer was written."""
+
+
+class ConnectionReset(Exception):
+    """The `reset_requests` fault: the connection is to be reset, the request neither handled nor answered."""
 
 
 class LabServer(ThreadingHTTPServer):

@@ -248,6 +248,16 @@ def test_privileges_granted_on_deeper_paths_are_enough(cluster):
     refused(cluster, request("lp2", 232), ["VM.Clone on /vms/9000"])
 
 
+def test_a_new_vm_in_a_pool_may_use_what_the_token_holds_on_the_pool(cluster):
+    others = {"/vms/9000": {"VM.Clone", "VM.Audit"}, "/storage/local-lvm": {"Datastore.AllocateSpace"},
+              "/sdn/zones/localnetwork/vmbr0": {"SDN.Use"}}
+    cluster.grant(dict(others, **{"/pool/fleet": {"VM.Audit"}}))
+    refused(cluster, request("lp", 230, pool="fleet"), ["VM.Allocate on /pool/fleet (putting VM 1230 in pool fleet)",
+                                                        "VM.Allocate on /vms/1230 (cloning the template)"])
+    cluster.grant(dict(others, **{"/pool/fleet": DOCS_ROLE}))
+    assert run_vm(cluster, request("lp", 230, pool="fleet")).changed
+
+
 def test_a_server_that_does_not_say_what_the_token_holds_is_left_to_check_each_call(cluster):
     cluster.fail("privileges", NotFound("HTTP 501: Method 'GET /access/permissions' not implemented", status=501))
     outcome = run_vm(cluster, request("lp", 230))
