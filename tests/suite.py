@@ -23,6 +23,7 @@ SANITY_ROOT = os.path.join(os.environ.get("LLMGW_SANITY_DIR", "/tmp/llmgw-fleet-
 JUNIT = os.path.join(REPO, ".build", "pytest-junit.xml")
 # Every stage that runs tests leaves its JUnit report here; the closing line counts them all.
 JUNIT_DIR = os.path.join(REPO, ".build", "junit")
+E2E_JUNIT = os.path.join(JUNIT_DIR, "e2e.xml")
 GET_PIP_CACHE = os.path.expanduser("~/.ansible/test/cache/get_pip_24_2.py")
 
 
@@ -93,8 +94,15 @@ def stage_ansible_doc():
 
 
 # tests/unit runs in the ansible-test units stage, tests/examples/test_ansible_doc.py in the docs stage.
-PYTEST_ARGS = ["tests/examples", "tests/lab/tests", "tests/e2e",
+# The lab's conformance tests and test_proxmox_client_lab.py switch faults on for every client of the lab (task
+# delays, 503s on any path, the template's config lock): they run alone.
+CLIENT_LAB = os.path.join("tests", "e2e", "test_proxmox_client_lab.py")
+PYTEST_ARGS = ["tests/examples", "tests/lab/tests", CLIENT_LAB,
                "--ignore", os.path.join("tests", "examples", "test_ansible_doc.py"), "-m", "not heavy"]
+# The other end-to-end files run two at a time (pytest-xdist; tests/e2e/conftest.py keeps each file, and the files
+# that clean up the same VMs, on one worker): a file mostly waits on guests, ssh and playbooks, so two share the
+# 2 cores without slowing each other much. Each file's VMs, registry, gateway and ports are its own.
+E2E_ARGS = ["tests/e2e", "--ignore", CLIENT_LAB, "-m", "not heavy", "-n", "2", "--dist", "loadgroup"]
 # `make faults`: the files that hold the heavy rows the suite leaves out (fault rows, a QEMU guest's boot), run
 # whole on the lab: a heavy row of test_replicas.py needs the replicas its earlier rows placed.
 FAULT_ARGS = [os.path.join("tests", "lab", "tests", "test_nodes_boot.py"),
@@ -119,9 +127,9 @@ def stage_lab_up():
     return run([PY, "-m", "pve_lab", "up"])
 
 
-def stage_pytest(paths):
+def stage_pytest(paths, junit=JUNIT):
     # The slowest rows printed at the end: what to move to `make faults` or `make bench` when the suite grows.
-    return run([PY, "-m", "pytest", "-p", "no:cacheprovider", "--junitxml", JUNIT, "-ra", "--durations", "25"] + paths)
+    return run([PY, "-m", "pytest", "-p", "no:cacheprovider", "--junitxml", junit, "-ra", "--durations", "25"] + paths)
 
 
 def stage_docs_run():
@@ -186,7 +194,8 @@ def main():
         ("lab up", stage_lab_up),
         ("engine build (cached per machine)", stage_engine_build),
         ("real model (cached per machine)", stage_real_model),
-        ("pytest (examples, lab, end-to-end)", lambda: stage_pytest(PYTEST_ARGS)),
+        ("pytest (examples, lab conformance)", lambda: stage_pytest(PYTEST_ARGS)),
+        ("pytest (end-to-end, two files at a time)", lambda: stage_pytest(E2E_ARGS, E2E_JUNIT)),
         ("docs run (every documented command)", stage_docs_run),
         ("molecule scenarios (lab VMs)", stage_molecule),
     ]

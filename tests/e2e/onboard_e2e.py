@@ -20,18 +20,20 @@ OWN_VMIDS = range(1110, 1130)  # 1000 + this work's octets 110..129
 FLEET_CLI = os.path.join(REPO, "bin", "fleet")
 
 
-def lab_session():
+def lab_session(vmids=OWN_VMIDS):
+    """The lab, the on-* VMs with a VMID in ``vmids`` (the caller's own: the files run side by side under
+    tests/suite.py) removed before and after."""
     brought_up = False
     if not lab_is_up():
         proc = lab_cli("up")
         assert proc.returncode == 0, "lab up failed:\n%s\n%s" % (proc.stdout, proc.stderr)
         brought_up = True
     lab = Lab()
-    remove_own_vms(lab)
+    remove_own_vms(lab, vmids=vmids)
     try:
         yield lab
     finally:
-        remove_own_vms(lab)
+        remove_own_vms(lab, vmids=vmids)
         if brought_up:
             lab_cli("down")
 

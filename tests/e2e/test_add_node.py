@@ -24,7 +24,7 @@ LIBGOMP = "/usr/lib/x86_64-linux-gnu/libgomp.so.1"
 
 @pytest.fixture(scope="module")
 def lab():
-    yield from lab_session()
+    yield from lab_session(vmids=range(1112, 1113))
 
 
 @pytest.fixture(scope="module")

@@ -81,7 +81,7 @@ def changed_by_host(run):
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
-    session = lab_session()
+    session = lab_session(vmids=())  # its fl-* VMs are its own to destroy
     lab = session.__next__()
     fleet = Fleet(tmp_path_factory.mktemp("fleet%d" % COUNT), lab_engine())
     fleet.lab = lab

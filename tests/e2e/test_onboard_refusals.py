@@ -21,7 +21,7 @@ SPEED_PROBE = "Measure the node's speed against its own scalar baseline (llama-b
 
 @pytest.fixture(scope="module")
 def lab():
-    yield from lab_session()
+    yield from lab_session(vmids=range(1113, 1120))
 
 
 @pytest.fixture(scope="module")

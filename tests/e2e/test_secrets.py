@@ -27,7 +27,7 @@ MODELS = {"sim-one": {"engine": "sim", "shards": 1, "gpus_per_shard": 0}}
 
 @pytest.fixture(scope="module")
 def lab():
-    yield from lab_session()
+    yield from lab_session(vmids=range(1121, 1122))
 
 
 def pem_lines(path):
