@@ -16,16 +16,19 @@ add_node run of a new node, then one ordinary run that must converge.
 * the guest list's connection reset twice (TCP RST, nothing answered): tried again, the run goes on to ready;
 * the clone's connection reset (the request never handled): the run fails at once saying it did not repeat it;
   no VM; the next run makes the node ready, with one clone done in all;
+* a ready node's VM held by a backup (`lock: backup`) for 10 s when add_node runs again: the run waits for the
+  lock, then goes on, and the node stays ready;
 * with password auth, tickets that PVE takes for 4 s only (its two hours, shortened): the run logs in again where a
   ticket is refused and goes on to ready, with the 401s and the new logins in the lab's request log.
 
 The test prints ``N faults, N failed or retried as they should, N converged``. Heavy (``make faults``): about six
-minutes. Nodes af-node01..05 at 10.77.0.216-220 and af-node06..08 at 10.77.0.122-124; VMs af-* (VMIDs 1216-1220,
-1122-1124) destroyed before and after.
+minutes. Nodes af-node01..05 at 10.77.0.216-220 and af-node06..09 at 10.77.0.122-124 and 127; VMs af-* (VMIDs
+1216-1220, 1122-1124, 1127) destroyed before and after.
 """
 
 import os
 import re
+import threading
 import time
 
 import pytest
@@ -38,7 +41,7 @@ from registry_check import violations
 pytestmark = [pytest.mark.heavy,
               pytest.mark.skipif(not lab_is_up(), reason="the lab is not up (make lab-up)")]
 
-PREFIX, OWN_VMIDS = "af-", list(range(1216, 1221)) + [1122, 1123, 1124]
+PREFIX, OWN_VMIDS = "af-", list(range(1216, 1221)) + [1122, 1123, 1124, 1127]
 OPTIONS = {"fabric": "ib-a", "gpus": 2, "gpu_type": "sim"}
 SERVER_LOG = os.path.join(REPO, ".lab", "api", "server.log")
 RESULTS = []
@@ -265,3 +268,25 @@ def test_a_write_whose_connection_is_reset_fails_at_once_and_is_never_repeated(l
     converge(lab, controller, node, octet, row)
     clones = [entry for entry in log_from(start) if entry[1] == "POST" and entry[2] == clone_path]
     assert clones == [(200, "POST", clone_path)], clones
+
+
+def test_a_backup_lock_is_waited_for_and_the_run_goes_on(lab, controller, faults):
+    node, octet = "af-node09", 127
+    row = new_row("lock: backup held for 10 s on a ready node's VM")
+    first = run_playbook("llmgw.fleet.add_node", controller.extra_vars(node, octet, **OPTIONS), inventory=INVENTORY)
+    assert not first.failed, failure_text(first)
+    vmid = lab.vm(node)["vmid"]
+    faults({"lock": {"vmid": vmid, "lock": "backup"}})
+    release = threading.Timer(10, lambda: Faults(lab).call("POST", {"lock": {"vmid": vmid, "lock": None}}))
+    release.start()
+    started = time.monotonic()
+    try:
+        again = run_playbook("llmgw.fleet.add_node", controller.extra_vars(node, octet, **OPTIONS),
+                             inventory=INVENTORY)
+    finally:
+        release.join()
+    assert not again.failed, failure_text(again)
+    assert time.monotonic() - started >= 10  # it waited for the backup, it did not go around it
+    assert "lock" not in lab.config(vmid) and controller.record(node)["state"] == "ready"
+    row["as_it_should"], row["seen"] = True, "waited %.0f s, ready" % (time.monotonic() - started)
+    converge(lab, controller, node, octet, row)

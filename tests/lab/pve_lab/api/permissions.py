@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 import threading
-from typing import Dict, FrozenSet, Iterable, List, Optional
+from typing import Dict, FrozenSet, Iterable, Iterator, List, Optional, Tuple
 
 from pve_lab.api.errors import ApiError
 from pve_lab.api.qemu_schema import DRIVE_FORMAT, NET_FORMAT, is_drive
@@ -48,6 +48,17 @@ VM_READS = {"/nodes/{node}/qemu/{vmid}", "/nodes/{node}/qemu/{vmid}/config", "/n
             "/nodes/{node}/qemu/{vmid}/status", "/nodes/{node}/qemu/{vmid}/status/current",
             "/nodes/{node}/qemu/{vmid}/cloudinit"}
 TASK_PATHS = {"/nodes/{node}/tasks/{upid}", "/nodes/{node}/tasks/{upid}/status", "/nodes/{node}/tasks/{upid}/log"}
+
+
+def drives(params: Dict[str, str]) -> Iterator[Tuple[str, Dict[str, str]]]:
+    """(key, parsed drive) for each drive of ``params`` (a value that does not parse is the handler's to refuse)."""
+    for key, value in sorted(params.items()):
+        if not is_drive(key):
+            continue
+        try:
+            yield key, DRIVE_FORMAT.parse(value, key)
+        except ApiError:
+            continue
 
 
 def denied(path: str, privs: Iterable[str]) -> ApiError:
@@ -159,13 +170,7 @@ class Checker:
     def new_disks(self, params: Dict[str, str], default_storage: Optional[str]) -> None:
         """$check_storage_access: `STORAGE:SIZE` allocates and needs Datastore.AllocateSpace there (a cloud-init
         drive does not)."""
-        for key, value in sorted(params.items()):
-            if not is_drive(key):
-                continue
-            try:
-                drive = DRIVE_FORMAT.parse(value, key)
-            except ApiError:
-                continue
+        for _key, drive in drives(params):
             new_disk = NEW_DISK_RE.match(drive.get("file", ""))
             if new_disk and not is_cdrom(drive):
                 storeid = new_disk.group(2) or default_storage
@@ -229,13 +234,7 @@ def _clone(app, check: Checker, params: Dict[str, object]) -> None:
     if source is None:
         return
     conf = dict(source.config)
-    for key, value in sorted(conf.items()):
-        if not is_drive(key):
-            continue
-        try:
-            drive = DRIVE_FORMAT.parse(value, key)
-        except ApiError:
-            continue
+    for _key, drive in drives(conf):
         volid = drive.get("file", "")
         if not volid or volid == "none" or is_cdrom(drive):
             continue  # drive_is_cdrom: the cloud-init drive too
