@@ -42,10 +42,15 @@ def _vm(vmid):
     return "/vms/%s" % vmid
 
 
-def _drive_needs(vmid, key, value, why):
+def _volume(value):
+    """A drive value's volume (``file``) and whether the drive is a CD-ROM (the cloud-init drive is one)."""
     fields = str(value).split(",")
     volume = fields[0].split("=", 1)[-1]
-    cdrom = "media=cdrom" in fields[1:] or volume in ("cdrom", "none")
+    return volume, "media=cdrom" in fields[1:] or volume in ("cdrom", "none")
+
+
+def _drive_needs(vmid, value, why):
+    volume, cdrom = _volume(value)
     needs = []
     if volume == "cloudinit" or volume.endswith(":cloudinit") or re.search(r"vm-\d+-cloudinit", volume):
         needs += [Need(_vm(vmid), ("VM.Config.Cloudinit",), why), Need(_vm(vmid), ("VM.Config.CDROM",), why)]
@@ -70,7 +75,7 @@ def config_needs(vmid, params, why="setting %s"):
     for key in sorted(params):
         what = why % key if "%s" in why else why
         if _DRIVE.match(key):
-            needs += _drive_needs(vmid, key, params[key], what)
+            needs += _drive_needs(vmid, params[key], what)
             continue
         if key in CPU_KEYS:
             privileges = ("VM.Config.CPU",)
@@ -101,19 +106,15 @@ def clone_needs(template_vmid, template_config, newid, storage=None):
     needs = [Need(_vm(template_vmid), ("VM.Clone",), why), Need(_vm(newid), ("VM.Allocate",), why),
              Need(_vm(newid), ("VM.Audit",), "reading the clone")]
     for key in sorted(template_config):
-        if not _DRIVE.match(key):
-            continue
-        fields = str(template_config[key]).split(",")
-        volume = fields[0].split("=", 1)[-1]
-        if volume in ("", "none", "cdrom") or "media=cdrom" in fields[1:]:
-            continue  # a CD-ROM, the cloud-init drive included, needs nothing on its storage
-        if ":" in volume:
-            needs.append(Need("/storage/%s" % (storage or volume.split(":", 1)[0]), ("Datastore.AllocateSpace",),
-                              "the clone's %s" % key))
-    for key in sorted(template_config):
-        bridge = _bridge(template_config[key]) if re.match(r"^net\d+$", key) else None
-        if bridge:
-            needs.append(Need("/sdn/zones/localnetwork/%s" % bridge, ("SDN.Use",), "the clone's %s" % key))
+        if _DRIVE.match(key):
+            volume, cdrom = _volume(template_config[key])
+            if not cdrom and ":" in volume:  # a CD-ROM, the cloud-init drive included, needs nothing on its storage
+                needs.append(Need("/storage/%s" % (storage or volume.split(":", 1)[0]), ("Datastore.AllocateSpace",),
+                                  "the clone's %s" % key))
+        elif re.match(r"^net\d+$", key):
+            bridge = _bridge(template_config[key])
+            if bridge:
+                needs.append(Need("/sdn/zones/localnetwork/%s" % bridge, ("SDN.Use",), "the clone's %s" % key))
     return needs
 
 

@@ -175,10 +175,10 @@ class VMChecks:
         """Refuse before the first write when the token lacks a privilege the change needs: PVE would refuse
         the call itself, but only once the run got there (after the clone, say). A server that does not say what
         the token holds is left to check each call itself, with a warning. A VM this run makes (``new_vmid``) in a
-        pool may use what the token holds on the pool."""
+        pool may use what the token holds on the pool (read for the pool's own need, ``pool_needs``)."""
         pool = self.req.pool if new_vmid is not None else None
         held = {}
-        for path in sorted(set(need.path for need in needs) | (set(["/pool/%s" % pool]) if pool else set())):
+        for path in sorted(set(need.path for need in needs)):
             try:
                 held[path] = self.client.privileges(path)
             except ProxmoxError as exc:

@@ -172,20 +172,21 @@ class ProxmoxClient(WriteCalls, TaskCalls):
         """One API call, its failure typed. A read that meets a transient failure (gateway, connection, an answer
         slower than the timeout) is tried again a few times; a write never is, since it may have been done."""
         attempts = GET_ATTEMPTS if method == "get" else 1
+        call = "%s /%s" % (method.upper(), resource)
         for attempt in range(1, attempts + 1):
             try:
                 return getattr(self._api(resource), method)(**params)
             except Exception as exc:
-                typed = _translate(exc, "%s /%s" % (method.upper(), resource))
+                typed = _translate(exc, call)
                 if typed is None:
                     raise
                 if isinstance(typed, PermissionDenied):  # which call was refused tells what to grant
-                    typed.message = "%s /%s: %s" % (method.upper(), resource, typed.message)
+                    typed.message = "%s: %s" % (call, typed.message)
                     typed.args = (typed.message,)
                 transient = isinstance(typed, (ConnectionFailed, Timeout)) or typed.status in TRANSIENT_STATUS
                 if transient and method != "get" and not isinstance(typed, TLSVerificationFailed):
-                    typed.message = ("%s /%s: %s; not repeated, since it may have been done: run again, and the "
-                                     "run reads what is there first" % (method.upper(), resource, typed.message))
+                    typed.message = ("%s: %s; not repeated, since it may have been done: run again, and the run "
+                                     "reads what is there first" % (call, typed.message))
                     typed.args = (typed.message,)
                 if not transient or isinstance(typed, TLSVerificationFailed) or attempt == attempts:
                     raise typed

@@ -111,13 +111,23 @@ def new_row(fault):
 
 
 def converge(lab, controller, node, octet, row):
-    again = run_playbook("llmgw.fleet.add_node", controller.extra_vars(node, octet, **OPTIONS), inventory=INVENTORY)
+    again = add_node(controller, node, octet)
     assert not again.failed, again.failure_messages()
     record = controller.record(node)
     assert record["state"] == "ready", record
     assert len([g for g in lab.client.qemu_vms() if g.get("name") == node]) == 1
     assert violations(controller.registry) == []
     row["converged"] = True
+
+
+def add_node(controller, node, octet, **overrides):
+    """One ``ansible-playbook llmgw.fleet.add_node`` of ``node`` with the lab inventory (``overrides``: extra vars)."""
+    return run_playbook("llmgw.fleet.add_node", controller.extra_vars(node, octet, **OPTIONS, **overrides),
+                        inventory=INVENTORY)
+
+
+def template_clone_path(lab):
+    return "/nodes/%s/qemu/%s/clone" % (lab.node, lab.data["template_vmid"])
 
 
 def failure_text(run):
@@ -129,7 +139,7 @@ def test_reads_answered_503_twice_are_tried_again_and_the_run_goes_on(lab, contr
     row = new_row("503 twice on GET /cluster/resources")
     start = log_offset()
     faults({"fail_requests": 2, "status": 503, "message": "lab outage", "path": "/cluster/resources"})
-    run = run_playbook("llmgw.fleet.add_node", controller.extra_vars(node, octet, **OPTIONS), inventory=INVENTORY)
+    run = add_node(controller, node, octet)
     assert not run.failed, failure_text(run)
     answered = [entry for entry in log_from(start) if entry[2].startswith("/cluster/resources")]
     assert [status for status, _method, _path in answered[:3]] == [503, 503, 200], answered[:5]
@@ -140,10 +150,10 @@ def test_reads_answered_503_twice_are_tried_again_and_the_run_goes_on(lab, contr
 def test_a_write_answered_503_fails_at_once_and_is_never_repeated(lab, controller, faults):
     node, octet = "af-node02", 217
     row = new_row("503 once on POST .../clone")
-    clone_path = "/nodes/%s/qemu/%s/clone" % (lab.node, lab.data["template_vmid"])
+    clone_path = template_clone_path(lab)
     start = log_offset()
     faults({"fail_requests": 1, "status": 503, "message": "lab outage", "path": clone_path})
-    run = run_playbook("llmgw.fleet.add_node", controller.extra_vars(node, octet, **OPTIONS), inventory=INVENTORY)
+    run = add_node(controller, node, octet)
     assert run.failed
     text = failure_text(run)
     assert "POST %s: HTTP 503: lab outage; not repeated, since it may have been done" % clone_path in text, text
@@ -161,7 +171,7 @@ def test_a_clone_task_that_ends_in_error_fails_the_run_with_its_words(lab, contr
     vmid = 1000 + octet
     row = new_row("the clone task ends in TASK ERROR")
     faults({"fail_next_task": {"message": "disk copy failed", "type": "qmclone", "vmid": vmid}})
-    run = run_playbook("llmgw.fleet.add_node", controller.extra_vars(node, octet, **OPTIONS), inventory=INVENTORY)
+    run = add_node(controller, node, octet)
     assert run.failed
     text = failure_text(run)
     assert "clone failed: disk copy failed" in text, text
@@ -183,8 +193,7 @@ def test_reads_slower_than_the_timeout_are_tried_again_and_the_run_goes_on(lab, 
     row = new_row("GET /cluster/resources slower than the 3 s timeout, twice")
     start = log_offset()
     faults({"slow_requests": 2, "delay": 5, "method": "GET", "path": "/cluster/resources"})
-    run = run_playbook("llmgw.fleet.add_node", controller.extra_vars(node, octet, **OPTIONS, **slow_client(lab)),
-                       inventory=INVENTORY)
+    run = add_node(controller, node, octet, **slow_client(lab))
     assert not run.failed, failure_text(run)
     assert Faults(lab).call("GET", None)["slow_requests"] == 0
     reads = [entry for entry in log_from(start) if entry[1] == "GET" and entry[2].startswith("/cluster/resources")]
@@ -196,11 +205,10 @@ def test_reads_slower_than_the_timeout_are_tried_again_and_the_run_goes_on(lab, 
 def test_a_write_slower_than_the_timeout_fails_at_once_and_the_next_run_finds_what_it_did(lab, controller, faults):
     node, octet = "af-node05", 220
     row = new_row("POST .../clone slower than the 3 s timeout, done late")
-    clone_path = "/nodes/%s/qemu/%s/clone" % (lab.node, lab.data["template_vmid"])
+    clone_path = template_clone_path(lab)
     start = log_offset()
     faults({"slow_requests": 1, "delay": 5, "method": "POST", "path": clone_path})
-    run = run_playbook("llmgw.fleet.add_node", controller.extra_vars(node, octet, **OPTIONS, **slow_client(lab)),
-                       inventory=INVENTORY)
+    run = add_node(controller, node, octet, **slow_client(lab))
     assert run.failed
     text = failure_text(run)
     assert re.search(r"POST %s: the Proxmox API did not answer .* in time: .*; not repeated, since it may have been "
@@ -230,8 +238,7 @@ def test_tickets_that_expire_mid_run_are_replaced_by_a_new_login(lab, controller
     # pve_vm's first read of the new VM's config answered after 6 s: its session outlives its ticket there, and its
     # next call (the config write) meets the refusal, whatever the speed of the rest of the run
     faults({"slow_requests": 1, "delay": 6, "method": "GET", "path": "/nodes/%s/qemu/1122/config" % lab.node})
-    run = run_playbook("llmgw.fleet.add_node", controller.extra_vars(node, octet, **OPTIONS, **password),
-                       inventory=INVENTORY)
+    run = add_node(controller, node, octet, **password)
     assert not run.failed, failure_text(run)
     seen = log_from(start)
     refused = [entry for entry in seen if entry[0] == 401]
@@ -247,7 +254,7 @@ def test_reads_whose_connection_is_reset_are_tried_again(lab, controller, faults
     node, octet = "af-node07", 123
     row = new_row("connection reset twice on GET /cluster/resources")
     faults({"reset_requests": 2, "method": "GET", "path": "/cluster/resources"})
-    run = run_playbook("llmgw.fleet.add_node", controller.extra_vars(node, octet, **OPTIONS), inventory=INVENTORY)
+    run = add_node(controller, node, octet)
     assert not run.failed, failure_text(run)
     assert Faults(lab).call("GET", None)["reset_requests"] == 0
     row["as_it_should"], row["seen"] = True, "retried, ready"
@@ -257,10 +264,10 @@ def test_reads_whose_connection_is_reset_are_tried_again(lab, controller, faults
 def test_a_write_whose_connection_is_reset_fails_at_once_and_is_never_repeated(lab, controller, faults):
     node, octet = "af-node08", 124
     row = new_row("connection reset on POST .../clone")
-    clone_path = "/nodes/%s/qemu/%s/clone" % (lab.node, lab.data["template_vmid"])
+    clone_path = template_clone_path(lab)
     start = log_offset()
     faults({"reset_requests": 1, "method": "POST", "path": clone_path})
-    run = run_playbook("llmgw.fleet.add_node", controller.extra_vars(node, octet, **OPTIONS), inventory=INVENTORY)
+    run = add_node(controller, node, octet)
     assert run.failed
     text = failure_text(run)
     assert re.search(r"POST %s: cannot reach the Proxmox API .*; not repeated, since it may have been done"
@@ -277,7 +284,7 @@ def test_a_write_whose_connection_is_reset_fails_at_once_and_is_never_repeated(l
 def test_a_backup_lock_is_waited_for_and_the_run_goes_on(lab, controller, faults):
     node, octet = "af-node09", 127
     row = new_row("lock: backup held for 10 s on a ready node's VM")
-    first = run_playbook("llmgw.fleet.add_node", controller.extra_vars(node, octet, **OPTIONS), inventory=INVENTORY)
+    first = add_node(controller, node, octet)
     assert not first.failed, failure_text(first)
     vmid = lab.vm(node)["vmid"]
     faults({"lock": {"vmid": vmid, "lock": "backup"}})
@@ -285,8 +292,7 @@ def test_a_backup_lock_is_waited_for_and_the_run_goes_on(lab, controller, faults
     release.start()
     started = time.monotonic()
     try:
-        again = run_playbook("llmgw.fleet.add_node", controller.extra_vars(node, octet, **OPTIONS),
-                             inventory=INVENTORY)
+        again = add_node(controller, node, octet)
     finally:
         release.join()
     assert not again.failed, failure_text(again)
