@@ -10,6 +10,7 @@ path runs with the writes left out.
 from __future__ import annotations
 
 from ansible_collections.llmgw.fleet.plugins.module_utils import vm_fields
+from ansible_collections.llmgw.fleet.plugins.module_utils._vm_info import describe_vm, vm_info
 from ansible_collections.llmgw.fleet.plugins.module_utils._vm_privileges import (
     clone_needs,
     config_needs,
@@ -19,22 +20,16 @@ from ansible_collections.llmgw.fleet.plugins.module_utils._vm_privileges import 
     power_needs,
 )
 from ansible_collections.llmgw.fleet.plugins.module_utils._vm_runner_checks import VMChecks, VMRefused
-from ansible_collections.llmgw.fleet.plugins.module_utils.proxmox_errors import NotFound
 from ansible_collections.llmgw.fleet.plugins.module_utils.vm_plan import (
     DesiredVM,
     DifferenceTracker,
     PlanError,
     address_of,
     cpu_model,
-    decode_sshkeys,
     ipconfig0_for,
-    memory_mib,
     next_id_clash,
-    normalize_sshkeys,
-    parse_ipconfig,
     plan_config,
     reboot_warning,
-    slow_cpu_variant,
 )
 
 __all__ = ["STATES", "Outcome", "VMRefused", "VMRequest", "VMRunner", "describe_vm", "run_vm", "vm_info"]
@@ -269,44 +264,3 @@ class VMRunner(VMChecks):
 
 def run_vm(client, request, check_mode=False):
     return VMRunner(client, request, check_mode=check_mode).run()
-
-
-def vm_info(client, name=None, vmid=None, node=None, include_config=False):
-    """The VMs (never containers) matching every filter given, each read from its config."""
-    vms = []
-    for guest in sorted(client.find_vms(name=name, vmid=vmid), key=lambda g: g["vmid"]):
-        if node is not None and guest.get("node") != node:
-            continue
-        try:
-            config = client.vm_config(guest["node"], guest["vmid"])
-        except NotFound:
-            continue  # removed while we looked
-        vms.append(describe_vm(guest, config, include_config))
-    return vms
-
-
-def describe_vm(guest, config, include_config=False):
-    ipconfig = parse_ipconfig(config.get("ipconfig0"))
-    keys = normalize_sshkeys(decode_sshkeys(config["sshkeys"])) if config.get("sshkeys") else ""
-    entry = {
-        "vmid": guest["vmid"],
-        "name": guest.get("name") or config.get("name"),
-        "node": guest.get("node"),
-        "status": guest.get("status"),
-        "template": bool(guest.get("template")),
-        "lock": config.get("lock"),
-        "cpu": cpu_model(config.get("cpu")),
-        "cpu_explicit": bool(config.get("cpu")),
-        "slow_cpu_variant": slow_cpu_variant(config.get("cpu")),
-        "cores": int(config["cores"]) if config.get("cores") is not None else None,
-        "memory": memory_mib(config.get("memory")),
-        "address": address_of(config),
-        "gateway": ipconfig.get("gw"),
-        "ciuser": config.get("ciuser"),
-        "sshkeys": keys.splitlines(),
-        "nameserver": config.get("nameserver"),
-        "searchdomain": config.get("searchdomain"),
-    }
-    if include_config:
-        entry["config"] = config
-    return entry

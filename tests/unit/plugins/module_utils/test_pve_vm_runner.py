@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from ansible_collections.llmgw.fleet.plugins.module_utils import _vm_runner_checks, pve_vm_runner
+from ansible_collections.llmgw.fleet.plugins.module_utils import _vm_info, _vm_runner_checks, pve_vm_runner
 from ansible_collections.llmgw.fleet.plugins.module_utils.proxmox_client import ProxmoxClient
 from ansible_collections.llmgw.fleet.plugins.module_utils.proxmox_errors import ConfigChanged, NotFound, TaskFailed
 from ansible_collections.llmgw.fleet.plugins.module_utils.pve_vm_runner import VMRefused, VMRequest, run_vm, vm_info
@@ -583,9 +583,10 @@ def test_a_config_changed_between_read_and_write_is_refused_by_its_digest(cluste
 
 
 def test_the_fake_has_every_client_method_the_runner_calls_with_the_same_signature():
-    source = inspect.getsource(pve_vm_runner) + inspect.getsource(_vm_runner_checks)  # the runner and its checks
+    # the runner, its checks and its reads for pve_vm_info
+    source = "".join(inspect.getsource(part) for part in (pve_vm_runner, _vm_runner_checks, _vm_info))
     called = set(re.findall(r"client\.(\w+)\(", source))
-    assert {"guests", "vm_config", "clone_vm", "update_config", "start_vm", "delete_vm"} <= called
+    assert {"guests", "vm_config", "clone_vm", "update_config", "start_vm", "delete_vm", "find_vms"} <= called
     for method in sorted(called):
         real = inspect.signature(getattr(ProxmoxClient, method))
         assert inspect.signature(getattr(FakeProxmoxClient, method)) == real, method
