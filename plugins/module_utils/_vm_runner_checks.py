@@ -159,11 +159,16 @@ class VMChecks:
         return matches[0]
 
     def _target_node(self, template):
-        if self.req.node:
-            return self.req.node
-        if template is not None:
+        if template is not None and not self.req.node:
             return template["node"]
         nodes = self.client.nodes()
+        if self.req.node:
+            if self.req.node not in nodes:
+                raise VMRefused(
+                    "node=%r is not a node of the cluster (%s): give one of those, or leave node out to use the "
+                    "template's. Nothing was changed." % (self.req.node, ", ".join(nodes) or "none listed")
+                )
+            return self.req.node
         if len(nodes) == 1:
             return nodes[0]
         raise VMRefused(

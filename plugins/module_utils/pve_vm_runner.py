@@ -44,6 +44,9 @@ class VMRequest:
     def __post_init__(self):
         if self.state not in STATES:
             raise PlanError("state %r is not one of %s" % (self.state, ", ".join(STATES)))
+        refused = vm_fields.option_problems(self)
+        if refused:
+            raise PlanError("%s: refused before any change: %s" % (self.name, "; ".join(refused)))
 
     @property
     def manages_identity(self):

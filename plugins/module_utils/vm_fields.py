@@ -3,8 +3,8 @@
 
 ``llmgw.fleet.pve_vm``'s argument spec (its VM options; the connection options come from ``_proxmox_args``),
 the runner's ``VMRequest`` and the plan's ``DesiredVM`` are all built from ``FIELDS``. Each field says its
-Ansible type (with elements, choices, no_log), the default the module documents and applies, and where it
-belongs:
+Ansible type (with elements, choices, no_log), the default the module documents and applies, the check its
+value must pass before the module connects (``_vm_option_checks``), and where it belongs:
 
 - ``option``: a module option, hence a ``VMRequest`` attribute (``ipconfig0`` is not: it is derived from
   ``address`` and ``gateway``).
@@ -21,54 +21,63 @@ from __future__ import annotations
 import dataclasses
 from collections import namedtuple
 
+from ansible_collections.llmgw.fleet.plugins.module_utils import _vm_option_checks as checks
+
 REQUIRED = "required"
 MANAGED = "managed"
 
 VMField = namedtuple(
-    "VMField", ["name", "type", "default", "required", "choices", "elements", "no_log", "env", "option", "desired"]
+    "VMField",
+    ["name", "type", "default", "required", "choices", "elements", "no_log", "env", "option", "desired", "check"],
 )
 
 
 def _field(name, type, default=None, required=False, choices=None, elements=None, no_log=None, env=None,
-           option=True, desired=None):
-    return VMField(name, type, default, required, choices, elements, no_log, env, option, desired)
+           option=True, desired=None, check=None):
+    return VMField(name, type, default, required, choices, elements, no_log, env, option, desired, check)
 
 
 # In the order of pve_vm's DOCUMENTATION; DesiredVM's positional order is this order too.
 FIELDS = (
-    _field("name", "str", required=True, desired=REQUIRED),
+    _field("name", "str", required=True, desired=REQUIRED, check=checks.dns_name),
     _field("state", "str", default="present", choices=("present", "started", "stopped", "absent")),
     _field("address", "str"),
     _field("gateway", "str"),
     # The option is the explicit VMID (None: derived); DesiredVM's vmid is the VMID resolved from either.
     _field("vmid", "int", desired=REQUIRED),
     _field("vmid_base", "int", default=1000),
-    _field("node", "str", env="PROXMOX_NODE"),
-    _field("clone", "str"),
+    _field("node", "str", env="PROXMOX_NODE", check=checks.node_name),
+    _field("clone", "str", check=checks.not_empty),
     _field("full_clone", "bool", default=True),
-    _field("storage", "str"),
-    _field("pool", "str"),
+    _field("storage", "str", check=checks.storage_id),
+    _field("pool", "str", check=checks.pool_id),
     _field("cpu", "str", default="host", desired=MANAGED),
     _field("allow_slow_cpu", "bool", default=False),
-    _field("cores", "int", desired=MANAGED),
-    _field("memory", "int", desired=MANAGED),
+    _field("cores", "int", desired=MANAGED, check=checks.at_least(1, "cores per socket Proxmox VE accepts", 4)),
+    _field("memory", "int", desired=MANAGED, check=checks.at_least(16, "MiB of memory Proxmox VE accepts", 4096)),
     _field("agent", "bool", desired=MANAGED),
     _field("onboot", "bool", desired=MANAGED),
-    _field("ciuser", "str", desired=MANAGED),
+    _field("ciuser", "str", desired=MANAGED, check=checks.user_name),
     # Public keys, not secrets: no_log=False says so to Ansible (the name contains "keys").
-    _field("sshkeys", "raw", no_log=False, desired=MANAGED),
+    _field("sshkeys", "raw", no_log=False, desired=MANAGED, check=checks.public_keys),
     _field("ipconfig0", "str", option=False, desired=MANAGED),
-    _field("nameserver", "raw", desired=MANAGED),
-    _field("searchdomain", "raw", desired=MANAGED),
-    _field("cloudinit_storage", "str", default="local-lvm", desired=MANAGED),
-    _field("bridge", "str", default="vmbr0"),
+    _field("nameserver", "raw", desired=MANAGED, check=checks.addresses),
+    _field("searchdomain", "raw", desired=MANAGED, check=checks.domains),
+    _field("cloudinit_storage", "str", default="local-lvm", desired=MANAGED, check=checks.storage_id),
+    _field("bridge", "str", default="vmbr0", check=checks.bridge_id),
     _field("reboot_if_needed", "bool", default=False),
-    _field("timeout", "int", default=600),
-    _field("shutdown_timeout", "int", default=120),
+    _field("timeout", "int", default=600, check=checks.at_least(1, "seconds to wait for a task", 600)),
+    _field("shutdown_timeout", "int", default=120, check=checks.at_least(0, "seconds of a shutdown's grace", 120)),
 )
 BY_NAME = dict((f.name, f) for f in FIELDS)
 OPTIONS = tuple(f for f in FIELDS if f.option)
 DESIRED = tuple(f for f in FIELDS if f.desired)
+
+
+def option_problems(request):
+    """Each option of ``request`` its field's check refuses (``_vm_option_checks``), as sentences naming the
+    option, the value and the fix."""
+    return checks.problems(request, OPTIONS)
 
 
 def default(name):
