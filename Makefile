@@ -16,7 +16,7 @@ help:
 	@echo "make test     - the whole suite (lint, sanity, units, docs, lab, end-to-end), with a time summary"
 	@echo "make lint | sanity | units | docs - one quality gate (units: ansible-test units; docs: antsibull-docs, ansible-doc)"
 	@echo "make bench    - figures that show the collection is worth it (make bench QUICK=1 for a smoke run)"
-	@echo "make faults   - the heavy rows make test leaves out: nodes lost, powered off and partitioned under load, the controller killed mid-run, Proxmox API faults across add_node, 16 add_node runs at once, an engine roll failing mid-way, a disk without room for the model, a QEMU guest boot"
+	@echo "make faults   - the heavy rows make test leaves out: nodes lost, powered off and partitioned under load, the controller killed mid-run, Proxmox API faults across add_node, 16 add_node runs at once, an engine roll and a drain under load, an engine roll failing mid-way, a disk without room for the model, a QEMU guest boot"
 	@echo "make fleet-scale - the fleet-run test at 16 nodes on 2 fabrics (make test runs it at 4; about 10 minutes)"
 	@echo "make lab-up | lab-down | lab-status"
 	@echo "make shell    - a shell where the commands of README and docs work as typed (.venv/bin on PATH)"

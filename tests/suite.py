@@ -111,6 +111,7 @@ FAULT_ARGS = [os.path.join("tests", "lab", "tests", "test_nodes_boot.py"),
               os.path.join("tests", "e2e", "test_api_faults_add_node.py"),
               os.path.join("tests", "e2e", "test_concurrent_runs.py"),
               os.path.join("tests", "e2e", "test_upgrade_engine.py"),
+              os.path.join("tests", "e2e", "test_drain_node.py"),
               os.path.join("tests", "e2e", "test_model_disk_full.py")]
 
 
