@@ -6,8 +6,8 @@ The rules are Proxmox VE's own schema where it has one: qemu-server ``src/PVE/Qe
 ``dns-name``, ``cores`` at least 1, ``nameserver`` an ``address-list``), ``src/PVE/QemuServer/Memory.pm``
 (``memory`` at least 16 MiB) and pve-common ``src/PVE/JSONSchema.pm`` (``pve_verify_dns_name``,
 ``pve_verify_node_name``, ``parse_storage_id``, ``parse_bridge_id``, ``pve_verify_address``). Pool names follow
-pve-access-control's ``verify_poolname`` (with the ``/`` of nested pools). The address, the gateway, the VMID and
-the CPU model have their rules in the plan (``_vm_address``, ``_vm_cpu``).
+pve-access-control's ``verify_poolname``; a ``/`` (a nested pool) is let through for Proxmox VE to judge. The
+address, the gateway, the VMID and the CPU model have their rules in the plan (``_vm_address``, ``_vm_cpu``).
 
 Private to the collection: a part of the VM fields table (``vm_fields``), which names each option's check. Pure.
 """
@@ -24,25 +24,25 @@ _STORAGE_ID = re.compile(r"[a-z][a-z0-9._-]*[a-z0-9]", re.IGNORECASE)
 _BRIDGE_ID = re.compile(r"[-_.\w]+")
 _POOL_ID = re.compile(r"[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*")
 _USER = re.compile(r"[a-z_][a-z0-9_.-]*", re.IGNORECASE)
-_KEY_TYPE = re.compile(r"(ssh-[a-z0-9-]+|ecdsa-sha2-[a-z0-9-]+|sk-[a-z0-9@.-]+)")
+_KEY_TYPE = re.compile(r"(ssh-[a-z0-9@.-]+|ecdsa-sha2-[a-z0-9@.-]+|sk-[a-z0-9@.-]+)")
 _BASE64 = re.compile(r"[A-Za-z0-9+/]+={0,3}")
 
 
 def dns_name(value):
-    if not _DNS_NAME.fullmatch(value) or len(value) > 253:
+    if not _DNS_NAME.fullmatch(str(value)) or len(str(value)) > 253:
         return ("is not a DNS name, which Proxmox VE requires of a VM name",
                 "use letters, digits and hyphens (e.g. node05)")
     return None
 
 
 def node_name(value):
-    if not _NODE_NAME.fullmatch(value):
+    if not _NODE_NAME.fullmatch(str(value)):
         return "is not a Proxmox VE node name", "give the node's name as 'pvesh get /nodes' lists it (e.g. pve)"
     return None
 
 
 def storage_id(value):
-    if len(value) < 2 or not _STORAGE_ID.fullmatch(value):
+    if len(str(value)) < 2 or not _STORAGE_ID.fullmatch(str(value)):
         return ("is not a Proxmox VE storage ID (2 characters or more: a letter first, then letters, digits, "
                 "'-', '_' or '.'; no '-', '_' or '.' last)",
                 "give a storage as 'pvesm status' lists it (e.g. local-lvm)")
@@ -50,13 +50,13 @@ def storage_id(value):
 
 
 def bridge_id(value):
-    if not _BRIDGE_ID.fullmatch(value):
+    if not _BRIDGE_ID.fullmatch(str(value)):
         return "is not a bridge name", "give a bridge of the node (e.g. vmbr0)"
     return None
 
 
 def pool_id(value):
-    if not _POOL_ID.fullmatch(value):
+    if not _POOL_ID.fullmatch(str(value)):
         return "is not a Proxmox VE pool name", "use letters, digits, '.', '_' and '-' (e.g. llmgw)"
     return None
 
@@ -70,7 +70,7 @@ def at_least(minimum, what, example):
 
 
 def user_name(value):
-    if not _USER.fullmatch(value):
+    if not _USER.fullmatch(str(value)):
         return "is not a user name", "name the user cloud-init creates (e.g. debian), or leave ciuser out"
     return None
 
