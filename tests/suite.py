@@ -185,7 +185,9 @@ def main():
         "docs-run": [("real model (cached per machine)", stage_real_model),
                      ("docs run (every documented command)", stage_docs_run)],
         "faults": [("lab up", stage_lab_up), ("engine build (cached per machine)", stage_engine_build),
-                   ("pytest (the heavy rows)", lambda: stage_pytest(FAULT_ARGS))],
+                   # -s: each row group prints its figures (kill points converged, API faults, runs at once),
+                   # which docs/reliability.md quotes from the last run.
+                   ("pytest (the heavy rows)", lambda: stage_pytest(FAULT_ARGS + ["-s"]))],
     }.get(args.only) or [
         ("lint", stage_lint),
         ("sanity", stage_sanity),
