@@ -8,6 +8,7 @@ Benchmarks (each also runs alone; see its docstring):
 * bench_placement.py   solve time and replicas placed vs first-fit decreasing, 10 to 5,000 nodes (no lab)
 * bench_cpu_model.py   the real engine and a real model: x64 forced vs the variant llama.cpp picks (no lab)
 * bench_add_node.py    add_node on the lab: 1 node vs the lab's floor, 1/4/8 nodes at once, the idempotent re-run
+* bench_place_replica.py 8 declared replicas placed by one place_replica run on the lab, vs 1 declared replica
 * bench_replacement.py node loss on the lab: stop to lost detected and to replacement Ready, vs the seed's 60/80 s,
                        with a load through the gateway across it (requests to a replica not Ready, failures)
 * bench_gateway.py     a 16-token completion of a real model through the gateway vs from the leader directly
@@ -27,8 +28,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
-BENCHES = ["placement", "cpu_model", "add_node", "replacement", "gateway"]
-LAB_BENCHES = ["add_node", "replacement", "gateway"]
+BENCHES = ["placement", "cpu_model", "add_node", "place_replica", "replacement", "gateway"]
+LAB_BENCHES = ["add_node", "place_replica", "replacement", "gateway"]
 
 
 def print_table(results):
