@@ -15,15 +15,12 @@ The VMs (octets 245-248) and the registry (a temporary directory) are removed at
 """
 
 import argparse
-import os
 import sys
-import tempfile
 import time
 
-import yaml
-from bench_replacement import HERE, Fleet
+from bench_replacement import run_on_fleet
 from figures import Report, log
-from lab import LAB_INVENTORY, Lab, PlaybookFailed, why_not_up
+from lab import why_not_up
 
 NODES = [(245, "bench-a"), (246, "bench-a"), (247, "bench-b"), (248, "bench-b")]
 MODELS = {"bench-solo": {"engine": "sim", "shards": 1, "gpus_per_shard": 2},
@@ -48,19 +45,7 @@ def main(argv=None):
         report.skip("place_replica", reason)
         report.write(args.json)
         return 0
-    lab = Lab()
-    names = [lab.name(o) for o, _fabric in NODES]
-    lab.remove(names)
-    with tempfile.TemporaryDirectory(prefix="bench-place-replica-") as tmp:
-        fleet = Fleet(lab, tmp)
-        try:
-            measure(report, lab, fleet, 2 if args.quick else 8)
-        except (PlaybookFailed, RuntimeError) as exc:
-            print(str(exc), flush=True)
-            report.skip("place_replica", "a step failed: " + str(exc).splitlines()[0])
-        finally:
-            fleet.stop_gateway()
-            lab.remove(names)
+    run_on_fleet(report, "place_replica", NODES, lambda lab, fleet: measure(report, lab, fleet, 2 if args.quick else 8))
     report.write(args.json)
     return 0
 
@@ -73,15 +58,7 @@ def ready(fleet, replicas):
 
 def measure(report, lab, fleet, count):
     began = time.monotonic()
-    fleet.play("gateway.yml", fleet_models=MODELS)
-    inventory = os.path.join(fleet.root, "bench_nodes.yml")
-    with open(inventory, "w") as handle:
-        yaml.safe_dump({"bench_nodes": {"hosts": {lab.name(o): {"bench_address": lab.address(o) + "/24"}
-                                                  for o, _fabric in NODES}}}, handle)
-    # forks=1: wait_for_node's read-modify-write of the shared known_hosts is not safe under concurrency
-    fleet.play(os.path.join(HERE, "playbooks", "provision_many.yml"), [LAB_INVENTORY, inventory], forks=1)
-    fleet.play(os.path.join(HERE, "playbooks", "register_nodes.yml"), bench_register=[
-        {"name": lab.name(o), "address": lab.address(o), "fabric": fabric} for o, fabric in NODES])
+    fleet.set_up(NODES, fleet_models=MODELS)
     log("set-up (4 nodes recorded ready, the gateway): %.0f s" % (time.monotonic() - began))
 
     started = time.monotonic()

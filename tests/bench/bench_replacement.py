@@ -83,6 +83,37 @@ class Fleet:
         with FleetRegistry(self.db) as registry:
             return registry.get_replica(name)
 
+    def set_up(self, nodes, **extra):
+        """The gateway, then ``nodes`` ([(octet, fabric)]) provisioned with provision_node and recorded ready (the
+        benches that use this measure what comes after onboarding, not onboarding)."""
+        self.play("gateway.yml", **extra)
+        inventory = os.path.join(self.root, "bench_nodes.yml")
+        with open(inventory, "w") as handle:
+            yaml.safe_dump({"bench_nodes": {"hosts": {self.lab.name(o): {"bench_address": self.lab.address(o) + "/24"}
+                                                      for o, _fabric in nodes}}}, handle)
+        # forks=1: wait_for_node's read-modify-write of the shared known_hosts is not safe under concurrency
+        self.play(os.path.join(HERE, "playbooks", "provision_many.yml"), [LAB_INVENTORY, inventory], forks=1)
+        self.play(os.path.join(HERE, "playbooks", "register_nodes.yml"), bench_register=[
+            {"name": self.lab.name(o), "address": self.lab.address(o), "fabric": fabric} for o, fabric in nodes])
+
+
+def run_on_fleet(report, figure, nodes, measure):
+    """``measure(lab, fleet)`` on a fleet of the lab's ``nodes`` in a temporary directory; a step that fails is
+    reported as not measured, and the VMs and the gateway are removed whatever happened."""
+    lab = Lab()
+    names = [lab.name(o) for o, _fabric in nodes]
+    lab.remove(names)
+    with tempfile.TemporaryDirectory(prefix="bench-%s-" % figure.split()[0].replace("_", "-")) as tmp:
+        fleet = Fleet(lab, tmp)
+        try:
+            measure(lab, fleet)
+        except (PlaybookFailed, RuntimeError) as exc:
+            print(str(exc), flush=True)
+            report.skip(figure, "a step failed: " + str(exc).splitlines()[0])
+        finally:
+            fleet.stop_gateway()
+            lab.remove(names)
+
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -96,35 +127,16 @@ def main(argv=None):
         report.skip("replacement after node loss", reason)
         report.write(args.json)
         return 0
-    lab = Lab()
-    names = [lab.name(o) for o, _fabric in NODES]
-    lab.remove(names)
     lost_after = 10 if args.quick else 60
-    with tempfile.TemporaryDirectory(prefix="bench-replacement-") as tmp:
-        fleet = Fleet(lab, tmp)
-        try:
-            measure(report, lab, fleet, lost_after)
-        except (PlaybookFailed, RuntimeError) as exc:
-            print(str(exc), flush=True)
-            report.skip("replacement after node loss", "a step failed: " + str(exc).splitlines()[0])
-        finally:
-            fleet.stop_gateway()
-            lab.remove(names)
+    run_on_fleet(report, "replacement after node loss", NODES,
+                 lambda lab, fleet: measure(report, lab, fleet, lost_after))
     report.write(args.json)
     return 0
 
 
 def measure(report, lab, fleet, lost_after):
     began = time.monotonic()
-    fleet.play("gateway.yml")
-    inventory = os.path.join(fleet.root, "bench_nodes.yml")
-    with open(inventory, "w") as handle:
-        yaml.safe_dump({"bench_nodes": {"hosts": {lab.name(o): {"bench_address": lab.address(o) + "/24"}
-                                                  for o, _fabric in NODES}}}, handle)
-    # forks=1: wait_for_node's read-modify-write of the shared known_hosts is not safe under concurrency
-    fleet.play(os.path.join(HERE, "playbooks", "provision_many.yml"), [LAB_INVENTORY, inventory], forks=1)
-    fleet.play(os.path.join(HERE, "playbooks", "register_nodes.yml"), bench_register=[
-        {"name": lab.name(o), "address": lab.address(o), "fabric": fabric} for o, fabric in NODES])
+    fleet.set_up(NODES)
     for name, fabric in (("bench-rep-a", "bench-a"), ("bench-rep-b", "bench-b")):
         fleet.play("place_replica.yml", replica=name, model="bench-sim", fabric=fabric)
         state = (fleet.replica(name) or {}).get("state")
