@@ -113,7 +113,7 @@ def test_every_option_has_a_row():
 
 
 @pytest.mark.parametrize("check_mode", [True, False], ids=["check", "apply"])
-@pytest.mark.parametrize("option, args, fragments", MATRIX, ids=["%s=%r" % (r[0], list(r[1].values())[0])
+@pytest.mark.parametrize("option, args, fragments", MATRIX, ids=["%s=%.40r" % (r[0], list(r[1].values())[0])
                                                                  for r in MATRIX])
 def test_a_bad_input_is_refused_before_any_write_naming_option_value_and_fix(monkeypatch, cluster, option, args,
                                                                              fragments, check_mode):
