@@ -17,6 +17,8 @@ from __future__ import annotations
 import ipaddress
 import re
 
+from ansible_collections.llmgw.fleet.plugins.module_utils._vm_sshkeys import key_fields, key_lines
+
 _LABEL = r"[a-zA-Z0-9]([a-zA-Z0-9-]*[a-zA-Z0-9])?"
 _DNS_NAME = re.compile(r"(%s\.)*%s" % (_LABEL, _LABEL))
 _NODE_NAME = re.compile(_LABEL)
@@ -100,14 +102,9 @@ def domains(value):
 
 
 def public_keys(value):
-    text = "\n".join(str(v) for v in value) if isinstance(value, (list, tuple)) else str(value)
-    for line in text.splitlines():
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        fields = line.split()
-        starts = [i for i, field in enumerate(fields) if _KEY_TYPE.fullmatch(field)]
-        if not starts or starts[0] + 1 >= len(fields) or not _BASE64.fullmatch(fields[starts[0] + 1]):
+    for line in key_lines(value):
+        found = key_fields(line)
+        if found is None or not _KEY_TYPE.fullmatch(found[0]) or not _BASE64.fullmatch(found[1]):
             return ("holds %r, which is not an OpenSSH public key" % line[:60],
                     "give public keys as ssh-keygen writes them (e.g. the content of ~/.ssh/llmgw_fleet.pub)")
     return None

@@ -10,29 +10,35 @@ from __future__ import annotations
 from urllib.parse import quote, unquote
 
 
-def _key_lines(text):
-    for line in str(text or "").splitlines():
+def key_lines(keys):
+    """The key lines of user input (a multi-line string or a list of lines): stripped, no blanks, no comments."""
+    if isinstance(keys, (list, tuple)):
+        keys = "\n".join(str(k) for k in keys)
+    for line in str(keys or "").splitlines():
         line = line.strip()
         if line and not line.startswith("#"):
             yield line
 
 
-def _key_identity(line):
-    """A key is its type and blob; the comment and options do not make it another key."""
+def key_fields(line):
+    """(type, blob) of a key line, past any options; None when no key type is followed by a blob."""
     fields = line.split()
     for index, field in enumerate(fields):
         if field.startswith(("ssh-", "ecdsa-", "sk-")) and index + 1 < len(fields):
             return (field, fields[index + 1])
-    return (line,)
+    return None
+
+
+def _key_identity(line):
+    """A key is its type and blob; the comment and options do not make it another key."""
+    return key_fields(line) or (line,)
 
 
 def normalize_sshkeys(keys):
     """User input (a multi-line string or a list of lines) -> the text to store, one key per line."""
     if keys is None:
         return None
-    if isinstance(keys, (list, tuple)):
-        keys = "\n".join(str(k) for k in keys)
-    lines = list(_key_lines(keys))
+    lines = list(key_lines(keys))
     return "\n".join(lines) + "\n" if lines else ""
 
 
@@ -48,4 +54,4 @@ def encode_sshkeys(text):
 
 def sshkey_set(text):
     """The set of keys (type, blob) in decoded text."""
-    return frozenset(_key_identity(line) for line in _key_lines(text))
+    return frozenset(_key_identity(line) for line in key_lines(text))
