@@ -1,8 +1,9 @@
 """The bad-input matrix: for the user-facing options of add_node, place_replica, the models and replicas an
-inventory declares, and bin/fleet, malformed values each refused before any change, the message naming the field,
-the value and the fix. Runs ansible-playbook as a user would, against an inventory of the test's own whose
-Proxmox API is a closed port on loopback: a run that got past its preflights would fail on the connection instead,
-and that is counted as not refused cleanly. The registry is a file of the test's that must not be created.
+inventory declares, and bin/fleet, malformed values each refused before any change (on any host of the run, the
+fleet CA and the registry included), the message naming the field, the value and the fix. Runs ansible-playbook as
+a user would, against an inventory of the test's own whose Proxmox API is a closed port on loopback: a run that got
+past its preflights would fail on the connection instead, and that is counted as not refused cleanly. The registry
+and the fleet CA are the test's own and must not be created.
 
 Prints ``N bad inputs, N refused cleanly, 0 changes made``.
 """
@@ -76,6 +77,10 @@ PLAYBOOK_ROWS = [
         "fleet_address": "10.77.0.181/24", "fleet_gpus": "eight"}}}, {}, ["fleet_gpus", '"eight"', "0 or more"]),
     ("add_node: a negative GPU count", "add_node", {"nodes": {"bi-node01": {
         "fleet_address": "10.77.0.181/24", "fleet_gpus": -2}}}, {}, ["fleet_gpus", "-2", "0 or more"]),
+    ("add_node: an ssh key pair that does not exist", "add_node", {}, {
+        "fleet_ssh_private_key_file": "/nonexistent/fleet_key",
+        "fleet_ssh_public_key_file": "/nonexistent/fleet_key.pub"},
+     ["fleet_ssh_private_key_file", '"/nonexistent/fleet_key"', "ssh-keygen -t ed25519 -f /nonexistent/fleet_key"]),
     ("add_node: a fabric with spaces", "add_node", {"nodes": {"bi-node01": {
         "fleet_address": "10.77.0.181/24", "fleet_fabric": "ib a"}}}, {}, ["fleet_fabric", '"ib a"']),
     ("place_replica: a replica name with capitals", "place_replica", {}, {"replica": "Coder_A", "model": "sim-coder"},
@@ -144,7 +149,8 @@ def test_a_bad_input_is_refused_before_any_change(tmp_path, row):
     text = "\n".join(failure_texts(run))
     connection = "Connection refused" in text or "connect to" in text.lower()
     clean = run.failed and not connection and all(e in text for e in expected)
-    changed = os.path.exists(os.path.join(str(tmp_path), "fleet.db")) or run.changed
+    made = [name for name in ("fleet.db", "ca") if os.path.exists(os.path.join(str(tmp_path), name))]
+    changed = bool(made) or any(stats["changed"] for stats in run.report["stats"].values())
     ROWS.append((name, clean, changed))
     assert run.failed, "%s: accepted" % name
     assert not connection, "%s: got past its preflights to the Proxmox API: %s" % (name, text[-600:])
