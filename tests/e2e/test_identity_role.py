@@ -101,3 +101,57 @@ def test_renewal_window_and_explicit_request_reissue_but_the_ca_stays(playbook, 
     requested = run(playbook, tmp_path, identity_reissue=True)
     assert not requested.failed and digest(cert(tmp_path)) != renewed
     assert ca_before == (digest(tmp_path / "ca" / "ca.crt"), digest(tmp_path / "ca" / "ca.key"))
+
+
+def test_a_rerun_puts_back_a_changed_mode_and_keeps_the_certificate(playbook, tmp_path):
+    """The re-run's in-process read (identity_files) finds a key or directory with another mode and hands it to the
+    modules, which put the mode back; nothing is issued again."""
+    assert not run(playbook, tmp_path).failed
+    node_key, node_dir = tmp_path / "ca" / "nodes" / "node05" / "node.key", tmp_path / "ca" / "nodes" / "node05"
+    before = digest(cert(tmp_path)), digest(node_key)
+    for path, mode in ((node_key, 0o644), (node_dir, 0o755), (tmp_path / "ca" / "ca.key", 0o640)):
+        os.chmod(path, mode)
+        predicted = run(playbook, tmp_path, check=True)
+        assert not predicted.failed and predicted.changed > 0, (path, predicted.failure_messages())
+        fixed = run(playbook, tmp_path)
+        assert not fixed.failed and fixed.changed > 0, (path, fixed.failure_messages())
+        assert os.stat(path).st_mode & 0o777 == (0o700 if path.is_dir() else 0o600), path
+        assert run(playbook, tmp_path).changed == 0
+    assert (digest(cert(tmp_path)), digest(node_key)) == before
+
+
+COMPARE = """
+- hosts: localhost
+  connection: local
+  gather_facts: false
+  tasks:
+    - name: What community.crypto reads
+      community.crypto.x509_certificate_info:
+        path: "{{ cert }}"
+        valid_at:
+          renewal_window: "+{{ days }}d"
+      register: info
+    - name: What identity_files reads
+      ansible.builtin.set_fact:
+        found: "{{ lookup('llmgw.fleet.identity_files', ca_dir, node='node05', renewal_days=days | int) }}"
+    - name: The same, for every part the identity role reads
+      ansible.builtin.assert:
+        that:
+          - found.node_complete
+          - found.node_cert.subject.commonName == info.subject.commonName
+          - found.node_cert.subject_alt_name == info.subject_alt_name
+          - found.node_cert.not_after == info.not_after
+          - found.node_cert.valid_at.renewal_window == info.valid_at.renewal_window
+          - found.node_cert.valid_at.renewal_window == expect_valid | bool
+          - found.node_cert.fingerprints.sha256 == info.fingerprints.sha256
+"""
+
+
+@pytest.mark.parametrize("days, valid", [(30, False), (5, True)])
+def test_identity_files_reads_a_certificate_as_x509_certificate_info_does(playbook, tmp_path, days, valid):
+    assert not run(playbook, tmp_path, identity_valid_days=10, identity_renewal_days=1).failed
+    compare = tmp_path / "compare.yml"
+    compare.write_text(COMPARE)
+    checked = run_playbook(str(compare), {"cert": str(cert(tmp_path)), "ca_dir": str(tmp_path / "ca"), "days": days,
+                                          "expect_valid": valid})
+    assert not checked.failed, checked.failure_messages()
