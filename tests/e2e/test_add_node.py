@@ -19,6 +19,8 @@ NODE, OCTET = "on-add", 112
 SPEED_PROBE = "Measure the node's speed against its own scalar baseline (llama-bench, the picked backend, then x64)"
 ASK = "Ask whether the engine is installed and its checks passed for exactly what this node has now"
 COMPLETION = "Check that llama-server answers a completion on a quantized model, and with which arguments"
+IDENTITY_MODULES = "Make or check with community.crypto what is missing, differs or must be issued"
+TLS_COPY = "Certificates | copy the fleet CA certificate, the node's certificate and its key to the node"
 LIBGOMP = "/usr/lib/x86_64-linux-gnu/libgomp.so.1"
 
 
@@ -97,11 +99,21 @@ def test_add_node_from_nothing_to_ready_then_nothing_to_change(lab, engine, tmp_
     assert asked["current"] is True and asked["report"]["ready"] is True, asked
     assert not [r for r in task_results(second, COMPLETION) if not r.get("skipped")]
     assert not [r for r in task_results(second, SPEED_PROBE) if not r.get("skipped")]
+    # Nor does it start community.crypto's modules for an identity in place, or copy TLS files the node holds.
+    assert [r.get("skipped") for r in task_results(second, IDENTITY_MODULES)] == [True]
+    assert [r.get("skipped") for r in task_results(second, TLS_COPY)] == [True]
 
     again = controller.play("add_node", NODE, OCTET, check=True, **options)
     assert not again.failed, again.failure_messages()
     assert set(again.report["stats"]) == {"localhost", NODE}
     assert changed_everywhere(again) == 0, changed_tasks(again)
+
+    # The key opened up on the node: the re-run's one read of the TLS files sees it, and the copy puts it back.
+    controller.ssh(NODE, OCTET, "sudo chmod 0644 /etc/llmgw/tls/node.key")
+    fixed = controller.play("add_node", NODE, OCTET, **options)
+    assert not fixed.failed, fixed.failure_messages()
+    assert changed_everywhere(fixed) == 1, changed_tasks(fixed)
+    assert controller.ssh(NODE, OCTET, "sudo stat -c %a /etc/llmgw/tls/node.key").strip() == "600"
 
     # A re-run still catches what changed under a ready node: libgomp gone (its package still says installed) makes
     # the digest differ, so every check runs again and the node is refused; put back exactly, the record holds again.
