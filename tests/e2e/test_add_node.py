@@ -20,6 +20,7 @@ SPEED_PROBE = "Measure the node's speed against its own scalar baseline (llama-b
 ASK = "Ask whether the engine is installed and its checks passed for exactly what this node has now"
 COMPLETION = "Check that llama-server answers a completion on a quantized model, and with which arguments"
 IDENTITY_MODULES = "Make or check with community.crypto what is missing, differs or must be issued"
+VM_READ = "Identity | read the VM through the Proxmox VE API"
 TLS_COPY = "Certificates | copy the fleet CA certificate, the node's certificate and its key to the node"
 LIBGOMP = "/usr/lib/x86_64-linux-gnu/libgomp.so.1"
 
@@ -102,6 +103,8 @@ def test_add_node_from_nothing_to_ready_then_nothing_to_change(lab, engine, tmp_
     # Nor does it start community.crypto's modules for an identity in place, or copy TLS files the node holds.
     assert [r.get("skipped") for r in task_results(second, IDENTITY_MODULES)] == [True]
     assert [r.get("skipped") for r in task_results(second, TLS_COPY)] == [True]
+    # add_node's onboarding takes the VM from pve_vm's answer in the same run, not from a second API read.
+    assert [r.get("skipped") for r in task_results(second, VM_READ)] == [True]
 
     again = controller.play("add_node", NODE, OCTET, check=True, **options)
     assert not again.failed, again.failure_messages()

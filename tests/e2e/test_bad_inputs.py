@@ -81,6 +81,10 @@ PLAYBOOK_ROWS = [
         "fleet_ssh_private_key_file": "/nonexistent/fleet_key",
         "fleet_ssh_public_key_file": "/nonexistent/fleet_key.pub"},
      ["fleet_ssh_private_key_file", '"/nonexistent/fleet_key"', "ssh-keygen -t ed25519 -f /nonexistent/fleet_key"]),
+    ("provision_node: an ssh key pair that does not exist", "provision_node", {}, {
+        "node": "bi-node01", "address": "10.77.0.181/24", "fleet_ssh_private_key_file": "/nonexistent/fleet_key",
+        "fleet_ssh_public_key_file": "/nonexistent/fleet_key.pub"},
+     ["/nonexistent/fleet_key(.pub) does not exist", "ssh-keygen -t ed25519 -f /nonexistent/fleet_key"]),
     ("add_node: a fabric with spaces", "add_node", {"nodes": {"bi-node01": {
         "fleet_address": "10.77.0.181/24", "fleet_fabric": "ib a"}}}, {}, ["fleet_fabric", '"ib a"']),
     ("place_replica: a replica name with capitals", "place_replica", {}, {"replica": "Coder_A", "model": "sim-coder"},
