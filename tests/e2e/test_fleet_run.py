@@ -15,7 +15,7 @@ import time
 import pytest
 import yaml
 from helpers import REPO, run_playbook, write_destroy_playbook
-from onboard_e2e import engine_vars, lab_engine, lab_session
+from onboard_e2e import engine_vars, lab_engine, lab_session, task_results
 
 from ansible_collections.llmgw.fleet.plugins.module_utils.fleet_registry import FleetRegistry
 
@@ -147,6 +147,11 @@ def test_converge_places_the_declared_replicas_in_one_run_then_changes_nothing(f
         assert BROKEN not in {s["node"] for s in replica["shards"]}
     lines = report_lines(run, "Report the replicas of this run")
     assert all(" ready on " in line for line in lines[1:]) and len(lines) == 1 + len(REPLICAS), lines
+    # Each launch takes its record from its own write in this run (replica_record_known), not from a second read
+    # of the registry, and a fresh launch does not read its units' state first (it starts them anyway).
+    for task in ("Read the replica from the registry", "Read whether each shard runs"):
+        results = task_results(run, task)
+        assert len(results) == len(REPLICAS) and all(r.get("skipped") for r in results), (task, results)
     again = fleet.play("converge", limit=LIMIT + ":!" + BROKEN)
     assert not again.failed, again.failure_messages()
     assert changed_by_host(again) == {}
