@@ -8,6 +8,8 @@ Figures, each beside its baseline from the same run:
   -> start -> ssh answers with cloud-init done for the same VM, by plain API calls and ssh (no Ansible, no checks);
 * 8 and 16 nodes added by one add_node run over an inventory (one fork per node), as a ratio to one node (1.0 is
   perfect parallelism) and to the lab's floor for as many clones at once;
+* for 8 and 16 nodes, what the whole run cost the machine (/proc/stat busy CPU-seconds) per node, against one
+  node's: on the lab the controller and the nodes share the same cores, so this says how short a wide run can be;
 * the idempotent re-run of the same node as a ratio to the first run;
 * the speed probe's own seconds (profile_tasks on the first run) as a share of that run.
 
@@ -18,7 +20,6 @@ goes to a temporary directory, never the lab's .lab/fleet/. The lab is used as f
 ``--quick`` measures the floor, one node and its re-run.
 """
 
-import argparse
 import glob
 import os
 import re
@@ -28,8 +29,8 @@ import threading
 import time
 
 import yaml
-from figures import REPO, Report, lab_engine, log
-from lab import LAB_DIR, LAB_INVENTORY, OCTETS, Lab, PlaybookFailed, run_playbook, why_not_up
+from figures import REPO, lab_engine, log
+from lab import LAB_DIR, LAB_INVENTORY, OCTETS, Lab, PlaybookFailed, busy_seconds, lab_main, run_playbook
 
 ADD_NODE = os.path.join(REPO, "playbooks", "add_node.yml")
 PROVISION_NODE = os.path.join(REPO, "playbooks", "provision_node.yml")
@@ -117,18 +118,12 @@ class Target:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="the floor, one node and its re-run only")
-    parser.add_argument("--json", help="write the figures to this file (for run.py)")
-    args = parser.parse_args(argv)
-    report = Report("add_node")
-    reason = why_not_up()
-    if reason:
-        report.skip("add_node", reason)
-        report.write(args.json)
-        return 0
+    return lab_main(__doc__, "add_node", "add_node", "the floor, one node and its re-run only", run, argv)
+
+
+def run(report, quick):
     lab = Lab()
-    counts = [] if args.quick else [1, 8, 16]
+    counts = [] if quick else [1, 8, 16]
     if not os.path.exists(ADD_NODE):
         report.skip("add_node", "playbooks/add_node.yml missing; measuring playbooks/provision_node.yml instead")
     lab.remove()  # what an interrupted earlier run left
@@ -141,8 +136,6 @@ def main(argv=None):
             report.skip(target.label, "a run failed: " + str(exc).splitlines()[0])
         finally:
             lab.remove()
-    report.write(args.json)
-    return 0
 
 
 def measure(report, lab, target, tmp, counts):
@@ -153,7 +146,9 @@ def measure(report, lab, target, tmp, counts):
 
     state = os.path.join(tmp, "one")
     # profile_tasks prints each task's time at the end of the log: the speed probe's share of the first run.
+    busy = busy_seconds()
     first = target.one(octet, state, env={"ANSIBLE_CALLBACKS_ENABLED": "ansible.posix.profile_tasks"})
+    cpu = {1: busy_seconds() - busy}
     log("%s %s from nothing: %.1f s" % (target.label, name, first))
     probe = task_seconds(target.last_log, SPEED_PROBE_TASK)
     again = target.one(octet, state)
@@ -179,7 +174,16 @@ def measure(report, lab, target, tmp, counts):
             continue  # add_node's one-node run above is the same command
         octets = OCTETS[:count]
         state = os.path.join(tmp, "many-%d" % count)
-        walls[count], how = target.many(octets, state)
+        busy = busy_seconds()
+        try:
+            walls[count], how = target.many(octets, state)
+        except PlaybookFailed as exc:  # the other counts are still measured
+            print(str(exc), flush=True)
+            report.skip("%s: %d nodes in one run" % (target.label, count), "the run failed: " +
+                        str(exc).splitlines()[0])
+            lab.remove([lab.name(o) for o in octets])
+            continue
+        cpu[count] = busy_seconds() - busy
         learned = known_names(state)
         missing = sorted({lab.name(o) for o in octets} - learned)
         log("%d node(s) in one run (%s): %.1f s; known_hosts holds %d of %d%s" % (
@@ -201,6 +205,23 @@ def measure(report, lab, target, tmp, counts):
                        "%d clones of one template started at once, each waited to ssh with cloud-init done" % count,
                        "%.1f s of the %.1f s are the collection's own at this width"
                        % (walls[count] - floor_many, walls[count]))
+            report_cpu(report, target.label, count, walls, cpu)
+
+
+def report_cpu(report, label, count, walls, cpu):
+    """What the whole run cost the machine per node, against one node's: on the lab the controller and every node
+    share the same cores, so a wide run cannot end before its CPU-seconds over the cores."""
+    cores = os.cpu_count() or 1
+    per_node = cpu[count] / count
+    least = cpu[count] / cores
+    report.add("%s: %d nodes in one run, the machine's CPU per node vs 1 node's" % (label, count),
+               "%.1f CPU-s a node" % per_node, "1 node %.1f CPU-s" % cpu[1], per_node / cpu[1],
+               "/proc/stat busy time (all %d cores: ansible-playbook, the lab's API and the nodes, which share them)"
+               % cores,
+               "the %d-node run kept the cores %.0f%% busy; at this cost %d nodes need at least %.0f s on %d cores "
+               "(%.1fx one node's %.1f s): within 2.5x of one node here needs at most %.1f CPU-s a node"
+               % (count, 100 * cpu[count] / (cores * walls[count]), count, least, cores, least / walls[1], walls[1],
+                  2.5 * walls[1] * cores / count))
 
 
 SPEED_PROBE_TASK = "Measure the node's speed against its own scalar baseline"

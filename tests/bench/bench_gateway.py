@@ -12,7 +12,6 @@ The figures are the p50 and p99 of the gateway's latency over the direct one's (
 The VM, the registry and the gateway are removed at the end.
 """
 
-import argparse
 import http.client
 import json
 import os
@@ -20,8 +19,8 @@ import sys
 import tempfile
 import time
 
-from figures import REPO, Report, lab_engine, lab_script, log
-from lab import LAB_DIR, LAB_INVENTORY, Lab, PlaybookFailed, run_playbook, why_not_up
+from figures import REPO, lab_engine, lab_script, log
+from lab import LAB_DIR, LAB_INVENTORY, Lab, PlaybookFailed, lab_main, run_playbook
 
 sys.path.insert(0, os.path.join(REPO, "tests", "e2e"))
 from helpers import ScratchGateway  # noqa: E402 - the tests' own gateway
@@ -65,31 +64,23 @@ def ask(host, port, key=None):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="8 pairs instead of 60")
-    parser.add_argument("--json", help="write the figures to this file (for run.py)")
-    args = parser.parse_args(argv)
-    report = Report("gateway")
-    reason = why_not_up()
-    if reason:
-        report.skip("gateway latency", reason)
-        report.write(args.json)
-        return 0
+    return lab_main(__doc__, "gateway", "gateway latency", "8 pairs instead of 60", run, argv)
+
+
+def run(report, quick):
     lab = Lab()
     name = lab.name(OCTET)
     lab.remove([name])
     with tempfile.TemporaryDirectory(prefix="bench-gateway-") as tmp:
         state = {"tmp": tmp, "gateway": ScratchGateway(os.path.join(tmp, "gateway"), "bench"), "runs": 0}
         try:
-            measure(report, lab, state, 8 if args.quick else 60)
+            measure(report, lab, state, 8 if quick else 60)
         except (PlaybookFailed, RuntimeError, OSError) as exc:
             print(str(exc), flush=True)
             report.skip("gateway latency", "a step failed: " + str(exc).splitlines()[0])
         finally:
             state["gateway"].stop()
             lab.remove([name])
-    report.write(args.json)
-    return 0
 
 
 def measure(report, lab, state, pairs):

@@ -14,13 +14,12 @@ eight cost what one does; 8: one after another). ``--quick`` declares 2 more ins
 The VMs (octets 245-248) and the registry (a temporary directory) are removed at the end.
 """
 
-import argparse
 import sys
 import time
 
 from bench_replacement import run_on_fleet
-from figures import Report, log
-from lab import why_not_up
+from figures import log
+from lab import lab_main
 
 NODES = [(245, "bench-a"), (246, "bench-a"), (247, "bench-b"), (248, "bench-b")]
 MODELS = {"bench-solo": {"engine": "sim", "shards": 1, "gpus_per_shard": 2},
@@ -35,19 +34,11 @@ def declared(count):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="2 more replicas instead of 8")
-    parser.add_argument("--json", help="write the figures to this file (for run.py)")
-    args = parser.parse_args(argv)
-    report = Report("place_replica")
-    reason = why_not_up()
-    if reason:
-        report.skip("place_replica", reason)
-        report.write(args.json)
-        return 0
-    run_on_fleet(report, "place_replica", NODES, lambda lab, fleet: measure(report, lab, fleet, 2 if args.quick else 8))
-    report.write(args.json)
-    return 0
+    return lab_main(__doc__, "place_replica", "place_replica", "2 more replicas instead of 8", run, argv)
+
+
+def run(report, quick):
+    run_on_fleet(report, "place_replica", NODES, lambda lab, fleet: measure(report, lab, fleet, 2 if quick else 8))
 
 
 def ready(fleet, replicas):

@@ -20,7 +20,6 @@ Needs playbooks/reconcile.yml and playbooks/place_replica.yml; without them it s
 The VMs (octets 241-244) and the registry (a temporary directory) are removed at the end.
 """
 
-import argparse
 import datetime
 import os
 import sys
@@ -28,8 +27,8 @@ import tempfile
 import time
 
 import yaml
-from figures import REPO, Report, log
-from lab import LAB_DIR, LAB_INVENTORY, Lab, PlaybookFailed, run_playbook, why_not_up
+from figures import REPO, log
+from lab import LAB_DIR, LAB_INVENTORY, Lab, PlaybookFailed, lab_main, run_playbook
 
 sys.path.insert(0, os.path.join(REPO, "tests", "e2e"))
 from gateway_load import Load, failures  # noqa: E402 - the tests' load generator
@@ -116,22 +115,15 @@ def run_on_fleet(report, figure, nodes, measure):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="node_lost_after 10 s")
-    parser.add_argument("--json", help="write the figures to this file (for run.py)")
-    args = parser.parse_args(argv)
-    report = Report("replacement")
     missing = [p for p in ("reconcile.yml", "place_replica.yml") if not os.path.exists(os.path.join(PLAYBOOKS, p))]
-    reason = ("playbooks/%s missing" % ", playbooks/".join(missing)) if missing else why_not_up()
-    if reason:
-        report.skip("replacement after node loss", reason)
-        report.write(args.json)
-        return 0
-    lost_after = 10 if args.quick else 60
+    return lab_main(__doc__, "replacement", "replacement after node loss", "node_lost_after 10 s", run, argv,
+                    missing=("playbooks/%s missing" % ", playbooks/".join(missing)) if missing else None)
+
+
+def run(report, quick):
+    lost_after = 10 if quick else 60
     run_on_fleet(report, "replacement after node loss", NODES,
                  lambda lab, fleet: measure(report, lab, fleet, lost_after))
-    report.write(args.json)
-    return 0
 
 
 def measure(report, lab, fleet, lost_after):

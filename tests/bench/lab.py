@@ -4,6 +4,7 @@ benchmarks' own VMs (named ``bench-<octet>``, octets 190-199 and 241-250, VMID 1
 The lab is used as found here; run.py brings it up when it is down and takes down only a lab it started.
 """
 
+import argparse
 import json
 import os
 import subprocess
@@ -12,7 +13,7 @@ import time
 import urllib.parse
 
 import yaml
-from figures import COLLECTIONS, REPO
+from figures import COLLECTIONS, REPO, Report
 
 from ansible_collections.llmgw.fleet.plugins.module_utils.proxmox_client import ProxmoxClient, settings_from_params
 from ansible_collections.llmgw.fleet.plugins.module_utils.proxmox_errors import NotFound
@@ -143,3 +144,31 @@ def run_playbook(playbook, inventories, extra_vars, log_path, forks=None, env=No
 
 class PlaybookFailed(Exception):
     pass
+
+
+def busy_seconds():
+    """CPU-seconds this machine has been busy since boot, over all its cores (/proc/stat: everything but idle and
+    iowait, and steal: user, nice, system, irq, softirq). On the lab every part of a run (ansible-playbook and its
+    workers, the lab's API, the nodes) shares these cores, so the difference across a run is what the whole run
+    cost."""
+    with open("/proc/stat") as handle:
+        user, nice, system, _idle, _iowait, irq, softirq = (int(v) for v in handle.readline().split()[1:8])
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+
+
+def lab_main(doc, bench, figure, quick_help, measure, argv=None, missing=None):
+    """The command line every lab benchmark shares (``--quick``, ``--json`` for run.py): ``figure`` is reported
+    not measured, with the reason, when the lab does not answer or ``missing`` says what the bench lacks;
+    otherwise ``measure(report, quick)`` adds the figures."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help=quick_help)
+    parser.add_argument("--json", help="write the figures to this file (for run.py)")
+    args = parser.parse_args(argv)
+    report = Report(bench)
+    reason = missing or why_not_up()
+    if reason:
+        report.skip(figure, reason)
+    else:
+        measure(report, args.quick)
+    report.write(args.json)
+    return 0
