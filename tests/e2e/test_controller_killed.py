@@ -73,15 +73,58 @@ def kill_at(argv, env, task, delay, timeout=600):
             seen.append(line)
             if line.startswith("TASK [" + task) or (line.startswith("TASK [") and (" : " + task) in line):
                 time.sleep(delay)
-                os.killpg(proc.pid, signal.SIGKILL)
+                kill_tree(proc.pid)
                 proc.wait(timeout=30)
                 return time.monotonic() - started, "".join(seen)
             assert time.monotonic() - started < timeout, "".join(seen[-40:])
     finally:
         if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+            kill_tree(proc.pid)
             proc.wait(timeout=30)
     raise AssertionError("the run ended (rc %s) before %r started:\n%s" % (proc.returncode, task, "".join(seen[-60:])))
+
+
+def descendants(pid):
+    """``pid`` and every process below it, from /proc."""
+    children = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open("/proc/%s/stat" % entry) as handle:
+                    ppid = int(handle.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue  # gone meanwhile
+            children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        found.append(todo.pop())
+        todo.extend(children.get(found[-1], []))
+    return found
+
+
+def kill_tree(pid):
+    """SIGKILL ``pid`` and every process it started. Its process group is not enough: ansible-core's workers start
+    sessions of their own (setsid), so a worker forked just before the kill would run its task on, as an orphan
+    (a wait_for_node that writes known_hosts after the controller "died"). Everything is stopped first, so that
+    nothing forks between the listing and the kill."""
+    stopped = set()
+    for _ in range(3):  # what was forked while the first listing was read is stopped by the next
+        for each in descendants(pid):
+            if each not in stopped:
+                try:
+                    os.kill(each, signal.SIGSTOP)
+                except ProcessLookupError:
+                    pass
+                stopped.add(each)
+    for each in stopped:
+        try:
+            os.kill(each, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def killed_run(playbook, extra_vars, task, delay):
