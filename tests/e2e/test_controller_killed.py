@@ -108,7 +108,7 @@ def kill_tree(pid):
     (a wait_for_node that writes known_hosts after the controller "died"). Everything is stopped first, so that
     nothing forks between the listing and the kill."""
     stopped = set()
-    for _ in range(3):  # what was forked while the first listing was read is stopped by the next
+    for _attempt in range(3):  # what was forked while the first listing was read is stopped by the next
         for each in descendants(pid):
             if each not in stopped:
                 try:
